@@ -1,0 +1,260 @@
+"""Stubs for ferrodyn._C, the Rust core. This file is the contract between the Rust crate and the
+Python package: the converter codes against it, the crate implements it, and
+`tests/test_stubs.py` checks the two agree.
+
+Owns: the frame hook (`set_eval_frame`), the per-code cache, guard trees, tensor metadata reads
+and the weak-key dictionaries. Never decides what to guard or how to trace.
+"""
+
+from types import CodeType, CellType
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
+
+PYTHON_BUILT_FOR: tuple[int, int]
+
+# ---------------------------------------------------------------------------------------------
+# Frame hook (rust/eval_frame)
+# ---------------------------------------------------------------------------------------------
+
+class FrameView:
+    """What the callback sees of an intercepted frame on a cache miss. Frozen; no frame object.
+
+    `args` are the frame's argument slots in `co_varnames` order: the positional and
+    keyword-only parameters, then the `*args` tuple and the `**kwargs` dict where the code has
+    them (defaults already applied). `closure` is the function's closure cells in
+    `co_freevars` order, or None.
+    """
+
+    @property
+    def f_code(self) -> CodeType: ...
+    @property
+    def f_globals(self) -> dict[str, Any]: ...
+    @property
+    def f_builtins(self) -> dict[str, Any]: ...
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+    @property
+    def closure(self) -> tuple[CellType, ...] | None: ...
+    @property
+    def f_locals(self) -> dict[str, Any]:
+        """`dict(zip(co_varnames, args))`, built on first access."""
+
+class CacheEntry:
+    """A compiled entry for one code object: what the callback returns on a miss.
+
+    On a hit the hook calls `fn(*argument_slots, *closure_cells)`: the frame's argument slots
+    in the order of `FrameView.args`, followed by the closure cells (cell objects, in
+    `co_freevars` order) when the code has free variables. `fn`'s return value is the frame's.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        guards: GuardTree,
+        *,
+        backend_id: int = 0,
+        compile_id: str = "",
+    ) -> None: ...
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+    @property
+    def guards(self) -> GuardTree: ...
+    @property
+    def backend_id(self) -> int: ...
+    @property
+    def compile_id(self) -> str: ...
+    @property
+    def hits(self) -> int: ...
+
+Callback = Callable[[FrameView], CacheEntry | None]
+
+def set_eval_frame(callback: Callback | bool | None) -> Callback | bool | None:
+    """Set this thread's callback and return the previous one.
+
+    None: off. False: run cached entries only (a miss runs the frame normally). A callable:
+    on a miss it is called with a FrameView (with the hook off for its own frames) and returns
+    a CacheEntry, which is inserted and run, or None, which runs the frame normally. An
+    exception from the callback propagates out of the intercepted call. The interpreter-wide
+    PEP 523 function is installed only while at least one thread has a non-None callback.
+    """
+
+def get_eval_frame() -> Callback | bool | None:
+    """This thread's callback."""
+
+def skip_code(code: CodeType) -> None:
+    """Mark `code` SKIP: its frames are never intercepted (cache kept but not consulted)."""
+
+def run_only_code(code: CodeType) -> None:
+    """Mark `code` RUN_ONLY: its frames use cached entries but never call the callback."""
+
+def code_flags(code: CodeType) -> str:
+    """"default", "skip" or "run_only"."""
+
+# ---------------------------------------------------------------------------------------------
+# Cache (rust/cache)
+# ---------------------------------------------------------------------------------------------
+
+def cache_entries(code: CodeType) -> list[CacheEntry]:
+    """The live entries of `code`, most recently hit first."""
+
+def insert_entry(code: CodeType, entry: CacheEntry) -> None:
+    """Insert an entry at the front of `code`'s cache (used by tests and by the converter's
+    recompile path); the per-code limit applies."""
+
+def set_cache_size_limit(limit: int) -> None:
+    """Entries per code object (default 8). Past it a frame of that code runs normally and a
+    RuntimeWarning says so once per code object."""
+
+def get_cache_size_limit() -> int: ...
+
+def cache_stats() -> dict[str, int]:
+    """Counters since the last reset: "hits", "misses" (callback calls), "guard_failures"
+    (entries whose guards failed during lookups), "limit_reached" (frames run normally because
+    their code is at the limit), "entries" (live entries)."""
+
+def reset() -> None:
+    """Drop every cache entry of every code object (and the objects they hold), clear the
+    SKIP/RUN_ONLY flags, zero the counters."""
+
+# ---------------------------------------------------------------------------------------------
+# Guard trees (rust/guards)
+# ---------------------------------------------------------------------------------------------
+
+class GuardNode:
+    """An accessor in a tree under construction: a handle returned by GuardBuilder methods."""
+
+    @property
+    def source(self) -> str:
+        """The source expression, e.g. "L['x'].weight" or "G['config'].flag"."""
+
+class GuardBuilder:
+    """Builds a GuardTree. Accessors are deduplicated: asking twice for the same path returns
+    the same node. Leaves are evaluated cheap-first (type and identity before values, tensor
+    matches last), each tree failing fast.
+
+    `f_globals` / `f_builtins` are the dicts that `global_` and `builtin` read when `check`
+    is not given others (the hook always passes the frame's own).
+    """
+
+    def __init__(
+        self,
+        f_globals: dict[str, Any] | None = None,
+        f_builtins: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    # -- accessors: each returns a node whose value is computed from its parent's ----------
+    def local(self, index: int, name: str) -> GuardNode:
+        """Argument slot `index` (`L['name']`); with a mapping, `check` reads key `name`."""
+    def global_(self, name: str) -> GuardNode:
+        """`G['name']`: the frame's globals. A missing key fails the guard."""
+    def builtin(self, name: str) -> GuardNode:
+        """`B['name']`: the frame's builtins."""
+    def closure_cell(self, index: int, name: str) -> GuardNode:
+        """Contents of closure cell `index` (`C['name']`); an empty cell fails the guard."""
+    def attr(self, parent: GuardNode, name: str) -> GuardNode:
+        """`parent.name` (generic getattr; an AttributeError fails the guard)."""
+    def item(self, parent: GuardNode, key: Any) -> GuardNode:
+        """`parent[key]`: exact list/tuple index or exact dict key without calling Python;
+        other containers through `__getitem__`. A missing key fails the guard."""
+    def dict_of(self, parent: GuardNode) -> GuardNode:
+        """`parent.__dict__` (the instance dict, read directly)."""
+    def type_of(self, parent: GuardNode) -> GuardNode:
+        """`type(parent)`."""
+    def len_of(self, parent: GuardNode) -> GuardNode:
+        """`len(parent)` as an int node."""
+    def tensor_size(self, parent: GuardNode, dim: int) -> GuardNode:
+        """`parent.size()[dim]` as an int node (read directly for plain tensors)."""
+    def tensor_stride(self, parent: GuardNode, dim: int) -> GuardNode:
+        """`parent.stride()[dim]` as an int node."""
+
+    # -- leaves ----------------------------------------------------------------------------
+    def type_is(self, node: GuardNode, typ: type) -> None:
+        """`type(node) is typ` (pointer comparison)."""
+    def is_(self, node: GuardNode, obj: Any) -> None:
+        """`node is obj`. Held weakly where `obj` is weakly referenceable: the guard fails
+        once `obj` has died."""
+    def is_none(self, node: GuardNode) -> None: ...
+    def is_not_none(self, node: GuardNode) -> None: ...
+    def equals(self, node: GuardNode, value: Any) -> None:
+        """`node == value` for None, bool, int, float, str, bytes and (nested) tuples of these;
+        the node's type must match exactly too (True does not equal 1 here). TypeError for
+        other values."""
+    def length_is(self, node: GuardNode, n: int) -> None:
+        """`len(node) == n`."""
+    def dict_keys(self, node: GuardNode, keys: Sequence[Any]) -> None:
+        """`list(node.keys()) == keys` (exact dict; order matters)."""
+    def tensor_match(
+        self,
+        node: GuardNode,
+        example: Any,
+        *,
+        dynamic_dims: Sequence[int] = (),
+        check_strides: bool = True,
+    ) -> None:
+        """`node` is a tensor like `example`: the same exact Python type, dtype, device,
+        requires_grad, ndim, dispatch key set, and sizes and strides at every dimension not in
+        `dynamic_dims`."""
+    def global_state(self) -> None:
+        """Torch's global state as it is now: grad mode, default dtype, deterministic
+        algorithms, autocast (enabled and dtype, per device type)."""
+    def build(self) -> GuardTree:
+        """Finish; the builder cannot be used afterwards."""
+
+class GuardTree:
+    """An immutable tree of accessors and leaves."""
+
+    def check(
+        self,
+        f_locals: Mapping[str, Any] | Sequence[Any],
+        f_globals: dict[str, Any] | None = None,
+        f_builtins: dict[str, Any] | None = None,
+        closure: tuple[CellType, ...] | None = None,
+    ) -> bool:
+        """True if every guard passes. `f_locals` is a name->value mapping or the argument
+        slots in order. Exceptions from user code (a property raising) count as failure."""
+    def explain(
+        self,
+        f_locals: Mapping[str, Any] | Sequence[Any],
+        f_globals: dict[str, Any] | None = None,
+        f_builtins: dict[str, Any] | None = None,
+        closure: tuple[CellType, ...] | None = None,
+    ) -> str | None:
+        """None if `check` would pass, else the first failing guard as a readable expression,
+        e.g. "L['x'].size()[0] == 4 (got 5)" or "type(L['y']) is int"."""
+    def leaves(self) -> list[str]:
+        """Every leaf's expression, in evaluation order."""
+    def __len__(self) -> int:
+        """Number of leaves."""
+
+# ---------------------------------------------------------------------------------------------
+# Tensor metadata (rust/tensor)
+# ---------------------------------------------------------------------------------------------
+
+def tensor_fast_path() -> bool:
+    """Whether direct metadata reads passed verification at import (else guards use the
+    correct, slower Python path)."""
+
+def tensor_metadata(t: Any) -> dict[str, Any]:
+    """What the tensor leaf reads, for tests: "sizes", "strides", "dtype" (a torch.dtype),
+    "device_type", "device_index", "requires_grad", "dispatch_keys" (raw int), "fast" (bool:
+    read directly)."""
+
+# ---------------------------------------------------------------------------------------------
+# Weak-key dictionaries (rust/weak); the public names are in ferrodyn.weak
+# ---------------------------------------------------------------------------------------------
+
+class WeakIdKeyDictionary(MutableMapping[Any, Any]):
+    """torch.utils.weak.WeakIdKeyDictionary's behaviour: keys compared by identity, held
+    weakly; an entry vanishes when its key dies."""
+
+    def __init__(self, dict: Mapping[Any, Any] | None = None, ref_type: type = ...) -> None: ...
+    def __getitem__(self, key: Any) -> Any: ...
+    def __setitem__(self, key: Any, value: Any) -> None: ...
+    def __delitem__(self, key: Any) -> None: ...
+    def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
+
+WeakTensorKeyDictionary = WeakIdKeyDictionary
+
+class WeakKeyExactDictionary(MutableMapping[Any, Any]):
+    """Identity-keyed, weakly held keys, for the converter's object tracking; keys that cannot
+    be weakly referenced raise TypeError on insertion."""

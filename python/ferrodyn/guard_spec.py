@@ -1,0 +1,53 @@
+"""Guard specifications: what a trace depended on, as (source, kind, payload) records.
+
+Owns the closed set of guard kinds and the `GuardSpec` record. The converter installs specs on
+the output graph when it uses a value; `guards.py` compiles a list of specs into a Rust
+`GuardTree` through `ferrodyn._C.GuardBuilder`. Nothing here evaluates a guard.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferrodyn.source import Source
+
+
+class GuardKind(enum.Enum):
+    """Each kind maps to one GuardBuilder leaf (see _C.pyi)."""
+
+    TYPE_MATCH = "type_is"        # payload: the type
+    ID_MATCH = "is_"              # payload: the object
+    NONE = "is_none"              # payload: None
+    NOT_NONE = "is_not_none"      # payload: None
+    EQUALS = "equals"             # payload: constant (None/bool/int/float/str/bytes/tuples)
+    LENGTH = "length_is"          # payload: int
+    DICT_KEYS = "dict_keys"       # payload: tuple of keys, in order
+    TENSOR_MATCH = "tensor_match" # payload: the example tensor; options: dynamic_dims
+    GLOBAL_STATE = "global_state" # source: None, payload: None
+
+
+@dataclass(frozen=True)
+class GuardSpec:
+    source: Source | None
+    kind: GuardKind
+    payload: Any = field(default=None, compare=False, hash=False)
+    # Identity of the payload for deduplication (types/objects compare by id).
+    key: Any = None
+    dynamic_dims: tuple[int, ...] = ()
+
+    @staticmethod
+    def make(source: Source | None, kind: GuardKind, payload: Any = None,
+             dynamic_dims: tuple[int, ...] = ()) -> "GuardSpec":
+        if kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH):
+            key = id(payload)
+        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS):
+            key = (type(payload), payload)
+        else:
+            key = None
+        return GuardSpec(source, kind, payload, key, tuple(dynamic_dims))
+
+    def describe(self) -> str:
+        src = self.source.name() if self.source is not None else "<global state>"
+        return f"{self.kind.name}({src})"

@@ -1,0 +1,21 @@
+//! The one FFI module: every `unsafe` block and every CPython-version `cfg` of the crate.
+//!
+//! Owns: `extern "C"` declarations of CPython's private eval-frame and code-extra API,
+//! `#[repr(C)]` mirrors of CPython's internal structs (each says which header it mirrors), and
+//! raw reads of torch's tensor objects. Safe wrappers are exported for the rest of the crate.
+//! Does not own: any policy (what to guard, when to compile); that lives in the subsystems.
+#![allow(unsafe_code)]
+
+pub mod frame;
+pub mod slots;
+pub mod tensor;
+
+/// The CPython minor this extension was compiled for, e.g. `(3, 11)`.
+pub fn built_for() -> (u8, u8) {
+    #[cfg(Py_3_13)]
+    compile_error!("ferrodyn supports CPython 3.11 and 3.12 only");
+    #[cfg(all(Py_3_12, not(Py_3_13)))]
+    return (3, 12);
+    #[cfg(not(Py_3_12))]
+    return (3, 11);
+}

@@ -1,0 +1,1 @@
+//! Raw reads of torch tensor objects (`THPVariable` -> `TensorImpl`), verified at import.
