@@ -1,6 +1,7 @@
 """ferrodyn: TorchDynamo-style graph capture with a Rust hot path.
 
-This module owns the public namespace only (re-exports); each name lives in its own module.
+This module owns the public namespace only. Names are resolved lazily from the module that owns
+each (so `import ferrodyn` stays cheap and imports torch only when a name needs it).
 """
 
 from ferrodyn._platform import check_python_version as _check_python_version
@@ -9,4 +10,36 @@ _check_python_version()
 
 from ferrodyn import _C  # noqa: E402  (after the version check, on purpose)
 
-__all__ = ["_C"]
+# public name -> owning module
+_PUBLIC = {
+    "compile": "ferrodyn.api",
+    "disable": "ferrodyn.api",
+    "reset": "ferrodyn.api",
+    "explain": "ferrodyn.api",
+    "list_backends": "ferrodyn.backends",
+    "register_backend": "ferrodyn.backends",
+    "OptimizedModule": "ferrodyn.optimized_module",
+    "Unsupported": "ferrodyn.exc",
+    "BackendCompilerFailed": "ferrodyn.exc",
+    "make_fx": "ferrodyn.proxy_dispatch",
+}
+_SUBMODULES = ("config", "weak")
+
+__all__ = sorted([*_PUBLIC, *_SUBMODULES])
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"ferrodyn.{name}")
+    else:
+        raise AttributeError(f"module 'ferrodyn' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
