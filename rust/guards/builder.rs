@@ -186,7 +186,7 @@ impl GuardBuilder {
         })?;
         let name = t.name()?.to_string();
         let expr = format!("type({}) is {name}", node.source);
-        self.leaf(Some(&node), LeafKind::TypeIs(IdRef::new(typ)), expr)
+        self.leaf(Some(&node), LeafKind::TypeIs(IdRef::strong(typ)), expr)
     }
 
     fn is_(&mut self, node: PyRef<'_, GuardNode>, obj: &Bound<'_, PyAny>) -> Result<()> {

@@ -16,6 +16,12 @@ pub(crate) enum IdRef {
 }
 
 impl IdRef {
+    /// A strong reference (for types in type checks: a class rarely dies, and holding it makes
+    /// the check one pointer comparison).
+    pub(crate) fn strong(obj: &Bound<'_, PyAny>) -> IdRef {
+        IdRef::Strong(obj.clone().unbind())
+    }
+
     pub(crate) fn new(obj: &Bound<'_, PyAny>) -> IdRef {
         match PyWeakrefReference::new(obj) {
             Ok(r) => IdRef::Weak { addr: obj.as_ptr() as usize, r: r.unbind() },

@@ -42,8 +42,8 @@ impl GuardTree {
             let ok = match leaf.node {
                 None => leaf.check(py, None),
                 Some(n) => {
-                    let v = self.value(py, input, &defaults, &mut memo, n);
-                    leaf.check(py, v.as_ref())
+                    self.ensure(py, input, &defaults, &mut memo, n);
+                    leaf.check(py, memo[n].as_ref().and_then(|v| v.as_ref()))
                 }
             };
             if !ok {
@@ -55,27 +55,30 @@ impl GuardTree {
         None
     }
 
-    fn value<'py>(
+    /// Compute node `n`'s value (and its ancestors') into the memo if not there yet.
+    fn ensure<'py>(
         &self,
         py: Python<'py>,
         input: &GuardInput<'_, 'py>,
         defaults: &Defaults<'_, 'py>,
         memo: &mut Memo<'py>,
         n: usize,
-    ) -> Option<Bound<'py, PyAny>> {
-        if let Some(v) = &memo[n] {
-            return v.clone();
+    ) {
+        if memo[n].is_some() {
+            return;
         }
         let node = &self.nodes[n];
         let v = match node.parent {
             None => node.access.read_root(py, input, defaults),
-            Some(p) => match self.value(py, input, defaults, memo, p) {
-                Some(pv) => node.access.read_child(&pv),
-                None => None,
-            },
+            Some(p) => {
+                self.ensure(py, input, defaults, memo, p);
+                match &memo[p] {
+                    Some(Some(pv)) => node.access.read_child(pv),
+                    _ => None,
+                }
+            }
         };
-        memo[n] = Some(v.clone());
-        v
+        memo[n] = Some(v);
     }
 
     /// The explanation of the first failing leaf, or None if every leaf passes.

@@ -42,6 +42,7 @@ pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
     let torch = py.import("torch")?;
     let base = torch.getattr("_C")?.getattr("TensorBase")?;
     let base_ptr = base.as_ptr() as usize;
+    let tensor_type = torch.getattr("Tensor")?.as_ptr() as usize;
     let non_plain_keys = m.call_method0("non_plain_keys")?.extract::<u64>()?;
     let mut cal = Calibration {
         layout: None,
@@ -50,7 +51,7 @@ pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
         device_types: Vec::new(),
         non_plain_keys,
     };
-    match locate(py, &m, base_ptr, &mut cal).and_then(|l| verify(py, &m, &l, &cal).map(|_| l)) {
+    match locate(py, &m, base_ptr, tensor_type, &mut cal).and_then(|l| verify(py, &m, &l, &cal).map(|_| l)) {
         Ok(l) => {
             if raw::install_layout(l) {
                 cal.layout = Some(l);
@@ -80,7 +81,7 @@ fn get<'py, T: for<'a> pyo3::FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, k: &
     d.get_item(k).ok().flatten().and_then(|v| v.extract::<T>().ok()).ok_or_else(|| format!("calibration: bad {k}"))
 }
 
-fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibration) -> Result<TensorLayout, String> {
+fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usize, cal: &mut Calibration) -> Result<TensorLayout, String> {
     let e = |e: PyErr| e.to_string();
     let probes = m.call_method0("probes").map_err(e)?;
     let item = |k: &str| probes.get_item(k).map_err(|e| e.to_string());
@@ -206,6 +207,7 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibr
     }
     Ok(TensorLayout {
         tensor_base: base,
+        tensor_type,
         cdata,
         autograd_meta: am,
         sizes_strides: sas,

@@ -54,7 +54,7 @@ impl TensorSpec {
         let device = example.getattr("device")?;
         let raw = plain_read(example, tc.cal.non_plain_keys).map(|r| (r.dtype, r.device));
         Ok(TensorSpec {
-            typ: IdRef::new(example.get_type().as_any()),
+            typ: IdRef::strong(example.get_type().as_any()),
             type_name: example.get_type().name()?.to_string(),
             dtype: example.getattr("dtype")?.unbind(),
             device_str: device.str()?.to_string(),
