@@ -166,6 +166,9 @@ pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
 
 /// A short, safe description of an object: its repr for constants, else type and address.
 pub(crate) fn describe_obj(v: &Bound<'_, PyAny>) -> String {
+    if let Ok(t) = v.cast::<pyo3::types::PyType>() {
+        return t.name().map(|n| n.to_string()).unwrap_or_else(|_| "<type>".into());
+    }
     if is_showable(v) {
         v.repr().map(|r| short(&r.to_string())).unwrap_or_default()
     } else {
