@@ -32,6 +32,9 @@ pub const IMPL_SCAN: usize = 176;
 /// Prefix of an `AutogradMeta` that calibration may copy (requires_grad_ sits at 128 on the
 /// builds seen; the struct continues with output_nr_, grad_dtype_ and a mutex).
 pub const AUTOGRAD_SCAN: usize = 136;
+/// Prefix of a `DifferentiableViewMeta` (an AutogradMeta followed by two optional<ViewInfo>)
+/// that calibration may copy: its backward_info_ ends near 240 bytes, the struct near 312.
+pub const VIEW_SCAN: usize = 248;
 
 /// Offsets found by calibration (bytes). See the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +58,11 @@ pub struct TensorLayout {
     pub am_vtable: usize,
     pub am_grad_fn: usize,
     pub am_requires_grad: usize,
+    /// vtable of `DifferentiableViewMeta` (0: views are not read directly).
+    pub view_vtable: usize,
+    /// Offsets in it of `backward_info_->base_` (a TensorImpl*) and of the optional's flag.
+    pub view_base: usize,
+    pub view_engaged: usize,
 }
 
 static LAYOUT: OnceLock<TensorLayout> = OnceLock::new();
@@ -146,18 +154,41 @@ pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Opti
             }
             (std::slice::from_raw_parts(base, n), std::slice::from_raw_parts(base.add(n), n))
         };
-        let am = *(imp.add(l.autograd_meta) as *const *const u8);
-        let requires_grad = if am.is_null() {
-            Some(false)
-        } else if *(am as *const usize) != l.am_vtable {
-            None
-        } else {
-            let rg = *am.add(l.am_requires_grad) != 0;
-            let grad_fn = *(am.add(l.am_grad_fn) as *const usize);
-            Some(rg || grad_fn != 0)
-        };
+        let requires_grad = impl_requires_grad(imp, l, true);
         Some(TensorRaw { keys, dtype, device, policy, sizes, strides, requires_grad })
     }
+}
+
+/// `TensorImpl::requires_grad()` from raw fields: no autograd meta means false; a plain
+/// `AutogradMeta` answers `requires_grad_ || grad_fn_`; a view's `DifferentiableViewMeta` also
+/// asks its base (one level: a view's base is never a view). None for anything else.
+///
+/// # Safety
+/// `imp` must be a live TensorImpl and `l` a verified layout.
+#[inline]
+unsafe fn impl_requires_grad(imp: *const u8, l: &TensorLayout, follow_view: bool) -> Option<bool> {
+    let am = *(imp.add(l.autograd_meta) as *const *const u8);
+    if am.is_null() {
+        return Some(false);
+    }
+    let vt = *(am as *const usize);
+    if vt != l.am_vtable && (vt != l.view_vtable || l.view_vtable == 0 || !follow_view) {
+        return None;
+    }
+    if *am.add(l.am_requires_grad) != 0 || *(am.add(l.am_grad_fn) as *const usize) != 0 {
+        return Some(true);
+    }
+    if vt == l.am_vtable {
+        return Some(false);
+    }
+    if *am.add(l.view_engaged) == 0 {
+        return Some(false);
+    }
+    let base = *(am.add(l.view_base) as *const *const u8);
+    if base.is_null() {
+        return None;
+    }
+    impl_requires_grad(base, l, false)
 }
 
 // -- calibration reads (bounded copies; only used before a layout is installed) -------------
@@ -202,6 +233,24 @@ pub fn autograd_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, 
     }
     // SAFETY: calibration only calls this with `am` located as the unique word that is null
     // for a tensor without autograd metadata and set for one with it: the AutogradMeta pointer.
+    unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
+}
+
+/// A copy of the first `n` (<= VIEW_SCAN) bytes of the autograd metadata of `obj` (checked as
+/// in [`autograd_bytes`]), provided its first word is `view_vtable` (a DifferentiableViewMeta,
+/// which is larger than VIEW_SCAN).
+pub fn view_meta_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, am: usize, view_vtable: usize, n: usize) -> Option<Vec<u8>> {
+    if n > VIEW_SCAN {
+        return None;
+    }
+    let head = autograd_bytes(obj, tensor_base, cdata, expect_impl, am, 8)?;
+    if usize::from_le_bytes(head[..8].try_into().ok()?) != view_vtable {
+        return None;
+    }
+    let imp = impl_bytes(obj, tensor_base, cdata, expect_impl, am + 8)?;
+    let p = usize::from_le_bytes(imp[am..am + 8].try_into().ok()?);
+    // SAFETY: p is the autograd metadata of obj (see autograd_bytes) and its vtable says it
+    // is a DifferentiableViewMeta, which has more than VIEW_SCAN bytes.
     unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
 }
 

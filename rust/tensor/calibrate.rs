@@ -7,7 +7,7 @@ use std::ffi::CString;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
 
-use crate::ffi::tensor::{self as raw, TensorLayout, AUTOGRAD_SCAN, IMPL_SCAN};
+use crate::ffi::tensor::{self as raw, TensorLayout, AUTOGRAD_SCAN, IMPL_SCAN, VIEW_SCAN};
 
 /// What calibration learnt: the layout (if verified) and the raw-code tables.
 pub(crate) struct Calibration {
@@ -185,6 +185,10 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
         "AutogradMeta.requires_grad_",
     )?;
 
+    // Views: DifferentiableViewMeta (another vtable) holds backward_info_, an optional<ViewInfo>
+    // whose first member is the base tensor; the optional's flag follows the 48-byte ViewInfo.
+    let (view_vtable, view_base, view_engaged) = locate_views(m, &item("views")?, base, cdata, am, am_vtable).unwrap_or((0, 0, 0));
+
     // Raw dtype and device-type codes.
     for t in item("dtypes")?.try_iter().map_err(e)? {
         let p = probe(m, t.map_err(e)?)?;
@@ -220,7 +224,35 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
         am_vtable,
         am_grad_fn,
         am_requires_grad,
+        view_vtable,
+        view_base,
+        view_engaged,
     })
+}
+
+/// (vtable, base offset, engaged-flag offset) of DifferentiableViewMeta, or None.
+fn locate_views(m: &Bound<'_, PyModule>, views: &Bound<'_, PyAny>, base: usize, cdata: usize, am: usize, am_vtable: usize) -> Option<(usize, usize, usize)> {
+    let mut metas = Vec::new();
+    let mut vtable = 0usize;
+    for pair in views.try_iter().ok()? {
+        let pair = pair.ok()?;
+        let v = probe(m, pair.get_item(0).ok()?).ok()?;
+        let b = probe(m, pair.get_item(1).ok()?).ok()?;
+        let head = raw::autograd_bytes(&v.t, base, cdata, v.imp, am, 8)?;
+        let vt = w64(&head, 0) as usize;
+        if vt == am_vtable || (vtable != 0 && vt != vtable) {
+            return None;
+        }
+        vtable = vt;
+        metas.push((raw::view_meta_bytes(&v.t, base, cdata, v.imp, am, vt, VIEW_SCAN)?, b.imp as u64));
+    }
+    let off = unique(
+        (AUTOGRAD_SCAN..VIEW_SCAN - 48).step_by(8).filter(|&o| metas.iter().all(|(b, imp)| w64(b, o) == *imp)).collect(),
+        "backward_info_.base_",
+    )
+    .ok()?;
+    let engaged = off + 48;
+    metas.iter().all(|(b, _)| b[engaged] == 1).then_some((vtable, off, engaged))
 }
 
 /// Every tensor of the verification set must read exactly as the Python API reports.
