@@ -49,7 +49,12 @@ fn fns(py: Python<'_>) -> PyResult<&Fns> {
         let lib = std::path::Path::new(&lib).with_file_name("lib");
         let path = |n: &str| lib.join(n).to_string_lossy().into_owned();
         if let Some(sf) = StateFns::resolve(&path("libc10.so"), &path("libtorch_cpu.so")) {
-            if verify(py, &f, &sf)? {
+            // A reader that cannot be verified (even one whose check raised) is not used.
+            // The state is put back as it was whatever happened.
+            let saved = save(py, &f)?;
+            let ok = verify(py, &f, &sf);
+            restore(py, &f, &saved)?;
+            if ok.unwrap_or(false) {
                 f.fast = Some(sf);
             }
         }
@@ -60,6 +65,50 @@ fn fns(py: Python<'_>) -> PyResult<&Fns> {
 /// Whether the global-state leaf reads torch's state without Python calls.
 pub fn fast_path(py: Python<'_>) -> PyResult<bool> {
     Ok(fns(py)?.fast.is_some())
+}
+
+/// Everything `verify` toggles: grad mode, default dtype, deterministic (mode, warn_only),
+/// autocast (enabled, dtype) per device.
+type Saved = (
+    Py<PyAny>,
+    Py<PyAny>,
+    Py<PyAny>,
+    Py<PyAny>,
+    Vec<(Py<PyAny>, Py<PyAny>)>,
+);
+
+fn save(py: Python<'_>, f: &Fns) -> PyResult<Saved> {
+    let c = py.import("torch")?.getattr("_C")?;
+    let mut ac = Vec::new();
+    for &(dev, _) in &f.devices {
+        ac.push((
+            f.autocast_enabled.bind(py).call1((dev,))?.unbind(),
+            f.autocast_dtype.bind(py).call1((dev,))?.unbind(),
+        ));
+    }
+    Ok((
+        f.grad.bind(py).call0()?.unbind(),
+        f.default_dtype.bind(py).call0()?.unbind(),
+        f.deterministic.bind(py).call0()?.unbind(),
+        c.call_method0("_get_deterministic_algorithms_warn_only")?
+            .unbind(),
+        ac,
+    ))
+}
+
+fn restore(py: Python<'_>, f: &Fns, s: &Saved) -> PyResult<()> {
+    let torch = py.import("torch")?;
+    let c = torch.getattr("_C")?;
+    c.call_method1("_set_grad_enabled", (&s.0,))?;
+    torch.call_method1("set_default_dtype", (&s.1,))?;
+    let kw = pyo3::types::PyDict::new(py);
+    kw.set_item("warn_only", &s.3)?;
+    c.call_method("_set_deterministic_algorithms", (&s.2,), Some(&kw))?;
+    for (&(dev, _), (en, dt)) in f.devices.iter().zip(&s.4) {
+        c.call_method1("set_autocast_enabled", (dev, en))?;
+        c.call_method1("set_autocast_dtype", (dev, dt))?;
+    }
+    Ok(())
 }
 
 /// Each direct reader must agree with the Python API in two states of what it reads.
