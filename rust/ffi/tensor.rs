@@ -1,1 +1,480 @@
-//! Raw reads of torch tensor objects (`THPVariable` -> `TensorImpl`), verified at import.
+//! Raw reads of torch tensor objects (`THPVariable` -> `TensorImpl` -> `AutogradMeta`), plus the
+//! two raw object reads guard accessors need (a cell's contents, an instance `__dict__`).
+//!
+//! Nothing here knows torch's layout by heart: `crate::tensor::calibrate` finds the offsets at
+//! run time by looking for distinctive values in sample tensors, verifies them on a broad set
+//! against the Python API and only then calls [`install_layout`]. Until then (or if
+//! verification failed) [`read_tensor`] returns None and callers take the Python path.
+//!
+//! Structures read (torch 2.x, 64-bit; names from the headers, offsets never hard-coded):
+//! - `THPVariable` (torch/csrc/autograd/python_variable.h): `PyObject_HEAD; at::Tensor cdata;`
+//!   where `at::Tensor` is one `intrusive_ptr<TensorImpl>` (a `TensorImpl*`, as `Tensor._cdata`).
+//! - `TensorImpl` (c10/core/TensorImpl.h): `autograd_meta_` (unique_ptr), `sizes_and_strides_`
+//!   (`c10::impl::SizesAndStrides`, c10/core/impl/SizesAndStrides.h: `size_t size_; union {
+//!   int64_t* outOfLineStorage_; int64_t inlineStorage_[10]; }`, sizes then strides, inline
+//!   for up to 5 dims), `data_type_` (u16 `TypeMeta` index), `device_opt_` (3 bytes:
+//!   `DeviceType` i8, `DeviceIndex` i8, engaged flag), the policy bitfields, `key_set_` (u64).
+//! - `AutogradMeta` (torch/csrc/autograd/variable.h): vtable, ..., `grad_fn_`, ...,
+//!   `requires_grad_`; views use a subclass (another vtable) whose `requires_grad()` also looks at
+//!   the base, so for those [`TensorRaw::requires_grad`] is None.
+#![allow(unsafe_code)]
+
+use std::sync::OnceLock;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::Borrowed;
+
+/// Largest prefix of a `TensorImpl` that calibration may copy: `key_set_`, the last member, ends
+/// at 176 bytes on the builds seen (the header asserts sizeof <= 208), and glibc's usable size
+/// for a 176-byte allocation is 184.
+pub const IMPL_SCAN: usize = 176;
+/// Prefix of an `AutogradMeta` that calibration may copy (requires_grad_ sits at 128 on the
+/// builds seen; the struct continues with output_nr_, grad_dtype_ and a mutex).
+pub const AUTOGRAD_SCAN: usize = 136;
+/// Prefix of a `DifferentiableViewMeta` (an AutogradMeta followed by two optional<ViewInfo>)
+/// that calibration may copy: its backward_info_ ends near 240 bytes, the struct near 312.
+pub const VIEW_SCAN: usize = 248;
+
+/// Offsets found by calibration (bytes). See the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// `PyTypeObject*` of `torch._C.TensorBase` (immortal for our purposes: torch never
+    /// unloads), used to check that an object has the THPVariable layout before reading it.
+    pub tensor_base: usize,
+    /// `PyTypeObject*` of `torch.Tensor`, the common exact type (a fast first comparison).
+    pub tensor_type: usize,
+    pub cdata: usize,
+    pub autograd_meta: usize,
+    pub sizes_strides: usize,
+    pub dtype: usize,
+    pub device: usize,
+    /// The policy bitfields: `flags_len` bytes at `flags`, little-endian.
+    pub flags: usize,
+    pub flags_len: usize,
+    /// Bits of the flags word that select custom sizes/strides/device/layout policies.
+    pub policy_mask: u32,
+    pub keys: usize,
+    pub am_vtable: usize,
+    pub am_grad_fn: usize,
+    pub am_requires_grad: usize,
+    /// vtable of `DifferentiableViewMeta` (0: views are not read directly).
+    pub view_vtable: usize,
+    /// Offsets in it of `backward_info_->base_` (a TensorImpl*) and of the optional's flag.
+    pub view_base: usize,
+    pub view_engaged: usize,
+}
+
+static LAYOUT: OnceLock<TensorLayout> = OnceLock::new();
+
+/// Enable direct reads. The caller (calibration) must have verified `l` against the Python API.
+pub fn install_layout(l: TensorLayout) -> bool {
+    LAYOUT.set(l).is_ok() || LAYOUT.get() == Some(&l)
+}
+
+pub fn layout() -> Option<&'static TensorLayout> {
+    LAYOUT.get()
+}
+
+/// What a tensor leaf reads, borrowed from the `TensorImpl` (valid while the tensor is alive
+/// and no Python code runs: use it at once).
+pub struct TensorRaw<'a> {
+    pub keys: u64,
+    pub dtype: u16,
+    /// `[DeviceType, DeviceIndex, engaged]`.
+    pub device: [u8; 3],
+    /// Flags word masked by `policy_mask`: non-zero means sizes/strides/device/layout are
+    /// answered by custom code, so the raw fields must not be trusted.
+    pub policy: u32,
+    pub sizes: &'a [i64],
+    pub strides: &'a [i64],
+    /// None where the autograd metadata is of a kind we do not read (views).
+    pub requires_grad: Option<bool>,
+}
+
+#[inline]
+fn is_tensor(obj: *mut ffi::PyObject, base: usize) -> bool {
+    // SAFETY: obj is a live object (borrowed by the caller); PyType_IsSubtype only reads types.
+    unsafe {
+        let tp = ffi::Py_TYPE(obj);
+        tp as usize == base || ffi::PyType_IsSubtype(tp, base as *mut ffi::PyTypeObject) != 0
+    }
+}
+
+#[inline]
+fn is_tensor_fast(obj: *mut ffi::PyObject, l: &TensorLayout) -> bool {
+    // SAFETY: obj is a live object; reading its type pointer is always valid.
+    let tp = unsafe { ffi::Py_TYPE(obj) } as usize;
+    tp == l.tensor_type || is_tensor(obj, l.tensor_base)
+}
+
+/// Read a tensor's metadata directly, or None if reads are not enabled, `obj` is not a tensor,
+/// or its sizes are not stored in the plain way.
+#[inline]
+pub fn read_tensor<'a>(obj: &'a Bound<'_, PyAny>) -> Option<TensorRaw<'a>> {
+    read_tensor_with(obj, LAYOUT.get()?)
+}
+
+/// [`read_tensor`] with a given layout: only for calibration's verification step, with a
+/// layout that calibration located on its probes.
+#[inline]
+pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Option<TensorRaw<'a>> {
+    let o = obj.as_ptr();
+    if !is_tensor_fast(o, l) {
+        return None;
+    }
+    // SAFETY: `o` is a THPVariable (checked above) whose `cdata` member, at the verified offset,
+    // holds a TensorImpl* that stays alive as long as the Python object does (borrowed for 'a).
+    // Every offset read below was located and verified by calibration, and lies inside the
+    // TensorImpl (or the AutogradMeta / out-of-line sizes array it points to).
+    unsafe {
+        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
+        if imp.is_null() {
+            return None;
+        }
+        // The mask only has bits in the `flags_len` bitfield bytes; the 4-byte read stays inside
+        // the TensorImpl (key_set_ follows the bitfields).
+        let policy =
+            u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
+        let keys = *(imp.add(l.keys) as *const u64);
+        let dtype = *(imp.add(l.dtype) as *const u16);
+        let mut device = [0u8; 3];
+        std::ptr::copy_nonoverlapping(imp.add(l.device), device.as_mut_ptr(), 3);
+        let sas = imp.add(l.sizes_strides);
+        let n = *(sas as *const usize);
+        if n > 64 {
+            return None;
+        }
+        let (sizes, strides) = if n <= 5 {
+            let base = sas.add(8) as *const i64;
+            (
+                std::slice::from_raw_parts(base, n),
+                std::slice::from_raw_parts(base.add(5), n),
+            )
+        } else {
+            let base = *(sas.add(8) as *const *const i64);
+            if base.is_null() {
+                return None;
+            }
+            (
+                std::slice::from_raw_parts(base, n),
+                std::slice::from_raw_parts(base.add(n), n),
+            )
+        };
+        let requires_grad = impl_requires_grad(imp, l, true);
+        Some(TensorRaw {
+            keys,
+            dtype,
+            device,
+            policy,
+            sizes,
+            strides,
+            requires_grad,
+        })
+    }
+}
+
+/// `TensorImpl::requires_grad()` from raw fields: no autograd meta means false; a plain
+/// `AutogradMeta` answers `requires_grad_ || grad_fn_`; a view's `DifferentiableViewMeta` also
+/// asks its base (one level: a view's base is never a view). None for anything else.
+///
+/// # Safety
+/// `imp` must be a live TensorImpl and `l` a verified layout.
+#[inline]
+unsafe fn impl_requires_grad(imp: *const u8, l: &TensorLayout, follow_view: bool) -> Option<bool> {
+    let am = *(imp.add(l.autograd_meta) as *const *const u8);
+    if am.is_null() {
+        return Some(false);
+    }
+    let vt = *(am as *const usize);
+    if vt != l.am_vtable && (vt != l.view_vtable || l.view_vtable == 0 || !follow_view) {
+        return None;
+    }
+    if *am.add(l.am_requires_grad) != 0 || *(am.add(l.am_grad_fn) as *const usize) != 0 {
+        return Some(true);
+    }
+    if vt == l.am_vtable {
+        return Some(false);
+    }
+    if *am.add(l.view_engaged) == 0 {
+        return Some(false);
+    }
+    let base = *(am.add(l.view_base) as *const *const u8);
+    if base.is_null() {
+        return None;
+    }
+    impl_requires_grad(base, l, false)
+}
+
+// -- calibration reads (bounded copies; only used before a layout is installed) -------------
+
+/// The first `n` machine words of `obj`, bounded by its type's `tp_basicsize`.
+pub fn object_words(obj: &Bound<'_, PyAny>, n: usize) -> Vec<usize> {
+    let o = obj.as_ptr();
+    // SAFETY: an object has at least tp_basicsize bytes; we read whole words below it.
+    unsafe {
+        let basic = (*ffi::Py_TYPE(o)).tp_basicsize as usize;
+        let k = n.min(basic / 8);
+        (0..k).map(|i| *((o as *const usize).add(i))).collect()
+    }
+}
+
+/// A copy of the first `n` (<= IMPL_SCAN) bytes of the TensorImpl of `obj`, provided `obj` is a
+/// TensorBase instance whose word at `cdata` (inside its basic size) equals `expect_impl` (the
+/// `_cdata` Python reports for it).
+pub fn impl_bytes(
+    obj: &Bound<'_, PyAny>,
+    tensor_base: usize,
+    cdata: usize,
+    expect_impl: usize,
+    n: usize,
+) -> Option<Vec<u8>> {
+    if n > IMPL_SCAN || !cdata.is_multiple_of(8) || !is_tensor(obj.as_ptr(), tensor_base) {
+        return None;
+    }
+    let words = object_words(obj, cdata / 8 + 1);
+    if words.len() <= cdata / 8 || words[cdata / 8] != expect_impl || expect_impl == 0 {
+        return None;
+    }
+    // SAFETY: expect_impl is the live TensorImpl of obj (torch says so through _cdata and the
+    // object holds it); TensorImpl is at least IMPL_SCAN bytes readable (see IMPL_SCAN).
+    unsafe { Some(std::slice::from_raw_parts(expect_impl as *const u8, n).to_vec()) }
+}
+
+/// A copy of the first `n` (<= AUTOGRAD_SCAN) bytes of the object that the word at `am` of the
+/// TensorImpl of `obj` points to (checked as in [`impl_bytes`]); None if null.
+pub fn autograd_bytes(
+    obj: &Bound<'_, PyAny>,
+    tensor_base: usize,
+    cdata: usize,
+    expect_impl: usize,
+    am: usize,
+    n: usize,
+) -> Option<Vec<u8>> {
+    if n > AUTOGRAD_SCAN || !am.is_multiple_of(8) {
+        return None;
+    }
+    let imp = impl_bytes(obj, tensor_base, cdata, expect_impl, am + 8)?;
+    let p = usize::from_le_bytes(imp[am..am + 8].try_into().ok()?);
+    if p == 0 || !p.is_multiple_of(8) {
+        return None;
+    }
+    // SAFETY: calibration only calls this with `am` located as the unique word that is null
+    // for a tensor without autograd metadata and set for one with it: the AutogradMeta pointer.
+    unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
+}
+
+/// A copy of the first `n` (<= VIEW_SCAN) bytes of the autograd metadata of `obj` (checked as
+/// in [`autograd_bytes`]), provided its first word is `view_vtable` (a DifferentiableViewMeta,
+/// which is larger than VIEW_SCAN).
+pub fn view_meta_bytes(
+    obj: &Bound<'_, PyAny>,
+    tensor_base: usize,
+    cdata: usize,
+    expect_impl: usize,
+    am: usize,
+    view_vtable: usize,
+    n: usize,
+) -> Option<Vec<u8>> {
+    if n > VIEW_SCAN {
+        return None;
+    }
+    let head = autograd_bytes(obj, tensor_base, cdata, expect_impl, am, 8)?;
+    if usize::from_le_bytes(head[..8].try_into().ok()?) != view_vtable {
+        return None;
+    }
+    let imp = impl_bytes(obj, tensor_base, cdata, expect_impl, am + 8)?;
+    let p = usize::from_le_bytes(imp[am..am + 8].try_into().ok()?);
+    // SAFETY: p is the autograd metadata of obj (see autograd_bytes) and its vtable says it
+    // is a DifferentiableViewMeta, which has more than VIEW_SCAN bytes.
+    unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
+}
+
+// -- object reads used by guard accessors ---------------------------------------------------
+
+/// The contents of a cell object, None if empty or not a cell.
+pub fn cell_contents<'py>(cell: &Borrowed<'_, 'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let c = cell.as_ptr();
+    // SAFETY: c is live; PyCell_Type is CPython's cell type; PyCell_Get returns a new reference
+    // (or NULL with an exception set only if c is not a cell, which we ruled out).
+    unsafe {
+        if ffi::Py_TYPE(c) != std::ptr::addr_of_mut!(ffi::PyCell_Type) {
+            return None;
+        }
+        let v = ffi::PyCell_Get(c);
+        Bound::from_owned_ptr_or_opt(cell.py(), v)
+    }
+}
+
+/// `obj.__dict__` read directly (PyObject_GenericGetDict: no `__getattr__`/`__getattribute__`);
+/// None if the object has no instance dict.
+pub fn instance_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    // SAFETY: obj is live; the call returns a new reference or NULL with an exception set.
+    unsafe {
+        let d = ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut());
+        if d.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(Bound::from_owned_ptr(obj.py(), d))
+    }
+}
+
+// -- torch global state through exported C++ functions --------------------------------------
+
+type BoolFn = unsafe extern "C" fn() -> bool;
+type U16Fn = unsafe extern "C" fn() -> u16;
+type PtrFn = unsafe extern "C" fn() -> *const std::ffi::c_void;
+type CtxBoolFn = unsafe extern "C" fn(*const std::ffi::c_void) -> bool;
+type DevBoolFn = unsafe extern "C" fn(i8) -> bool;
+type DevI8Fn = unsafe extern "C" fn(i8) -> i8;
+
+/// Torch's own readers of the state the global-state leaf guards, found with dlsym:
+/// `c10::GradMode::is_enabled()`, `c10::get_default_dtype()` (a `TypeMeta`, one u16),
+/// `at::globalContext().deterministicAlgorithms()`, `at::autocast::is_autocast_enabled(
+/// DeviceType)` and `at::autocast::get_autocast_dtype(DeviceType)` (a `ScalarType`, one i8).
+/// All take/return trivially copyable scalars, so the C calling convention matches. They are
+/// only used after `crate::guards::global_state` verified each against the Python API.
+#[derive(Clone, Copy)]
+pub struct StateFns {
+    grad: BoolFn,
+    default_dtype: U16Fn,
+    ctx: *const std::ffi::c_void,
+    deterministic: CtxBoolFn,
+    autocast_enabled: DevBoolFn,
+    autocast_dtype: DevI8Fn,
+}
+
+// SAFETY: plain function pointers and the address of torch's process-wide Context singleton.
+unsafe impl Send for StateFns {}
+unsafe impl Sync for StateFns {}
+
+fn sym(lib: *mut std::ffi::c_void, name: &std::ffi::CStr) -> Option<*mut std::ffi::c_void> {
+    // SAFETY: lib is a live handle from dlopen; dlsym only looks the name up.
+    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+fn open_loaded(path: &str) -> Option<*mut std::ffi::c_void> {
+    let c = std::ffi::CString::new(path).ok()?;
+    // SAFETY: RTLD_NOLOAD only returns a handle to a library torch already loaded (no
+    // initialisers run); the handle is intentionally never closed.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    (!h.is_null()).then_some(h)
+}
+
+impl StateFns {
+    /// Look the functions up in torch's already-loaded `libc10.so` and `libtorch_cpu.so`.
+    pub fn resolve(libc10: &str, libtorch_cpu: &str) -> Option<StateFns> {
+        let c10 = open_loaded(libc10)?;
+        let cpu = open_loaded(libtorch_cpu)?;
+        let grad = sym(c10, c"_ZN3c108GradMode10is_enabledEv")?;
+        let dd = sym(c10, c"_ZN3c1017get_default_dtypeEv")?;
+        let gc = sym(cpu, c"_ZN2at13globalContextEv")?;
+        let det = sym(cpu, c"_ZNK2at7Context23deterministicAlgorithmsEv")?;
+        let ace = sym(
+            cpu,
+            c"_ZN2at8autocast19is_autocast_enabledEN3c1010DeviceTypeE",
+        )?;
+        let acd = sym(
+            cpu,
+            c"_ZN2at8autocast18get_autocast_dtypeEN3c1010DeviceTypeE",
+        )?;
+        // SAFETY: the symbols are the functions named above, whose C++ signatures match these
+        // types (no arguments or scalar arguments, scalar results, no exceptions for the
+        // device types we pass: those verified through Python first).
+        unsafe {
+            let gc: PtrFn = std::mem::transmute::<*mut std::ffi::c_void, PtrFn>(gc);
+            let ctx = gc();
+            if ctx.is_null() {
+                return None;
+            }
+            Some(StateFns {
+                grad: std::mem::transmute::<*mut std::ffi::c_void, BoolFn>(grad),
+                default_dtype: std::mem::transmute::<*mut std::ffi::c_void, U16Fn>(dd),
+                ctx,
+                deterministic: std::mem::transmute::<*mut std::ffi::c_void, CtxBoolFn>(det),
+                autocast_enabled: std::mem::transmute::<*mut std::ffi::c_void, DevBoolFn>(ace),
+                autocast_dtype: std::mem::transmute::<*mut std::ffi::c_void, DevI8Fn>(acd),
+            })
+        }
+    }
+
+    #[inline]
+    pub fn grad_enabled(&self) -> bool {
+        // SAFETY: see `resolve`.
+        unsafe { (self.grad)() }
+    }
+
+    #[inline]
+    pub fn default_dtype(&self) -> u16 {
+        // SAFETY: see `resolve`.
+        unsafe { (self.default_dtype)() }
+    }
+
+    #[inline]
+    pub fn deterministic(&self) -> bool {
+        // SAFETY: see `resolve`; ctx is torch's global Context, which lives for the process.
+        unsafe { (self.deterministic)(self.ctx) }
+    }
+
+    /// `device_type` must be one verified through the Python API (cpu, cuda).
+    #[inline]
+    pub fn autocast_enabled(&self, device_type: i8) -> bool {
+        // SAFETY: see `resolve`.
+        unsafe { (self.autocast_enabled)(device_type) }
+    }
+
+    #[inline]
+    pub fn autocast_dtype(&self, device_type: i8) -> i8 {
+        // SAFETY: see `resolve`.
+        unsafe { (self.autocast_dtype)(device_type) }
+    }
+}
+
+/// `d[key]` found at entry position `*hint` of an exact dict, if the key stored there is `key`
+/// itself (identity: exactly what a dict lookup accepts first). Guards keep one hint per
+/// accessor, so a frame's `f_locals` (built in `co_varnames` order every time) or a module's
+/// `_parameters` is read without hashing. None means "look it up normally".
+pub fn dict_get_at<'py>(
+    d: &Bound<'py, pyo3::types::PyDict>,
+    key: *mut ffi::PyObject,
+    hint: usize,
+) -> Option<Bound<'py, PyAny>> {
+    let mut pos = hint as ffi::Py_ssize_t;
+    let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: d is a live dict; PyDict_Next takes any position (it bounds-checks and skips
+    // deleted entries) and returns borrowed key/value pointers, the value is increfed at once.
+    unsafe {
+        if pos < 0 || ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) == 0 || k != key {
+            return None;
+        }
+        Some(Bound::from_borrowed_ptr(d.py(), v))
+    }
+}
+
+/// The entry position of the key that is `key` itself in an exact dict (scanning at most
+/// `limit` entries), for [`dict_get_at`] hints.
+pub fn dict_position_of(
+    d: &Bound<'_, pyo3::types::PyDict>,
+    key: *mut ffi::PyObject,
+    limit: usize,
+) -> Option<usize> {
+    let mut pos: ffi::Py_ssize_t = 0;
+    let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+    for _ in 0..limit {
+        let before = pos;
+        // SAFETY: as in dict_get_at; no Python code runs between the calls.
+        if unsafe { ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) } == 0 {
+            return None;
+        }
+        if k == key {
+            // pos is now one past the entry found; the entry index is pos - 1 >= before.
+            debug_assert!(pos > before);
+            return Some(pos as usize - 1);
+        }
+    }
+    None
+}
