@@ -9,8 +9,15 @@
 //! - a weakref callback that finds the lock taken (which the discipline rules out, but nothing
 //!   here relies on that) queues its removal in `pending`, applied by the next `with`.
 //!
+//! - dropping removed entries can kill other keys whose callbacks remove more entries, and so on:
+//!   a drop that starts while this thread is already dropping entries is queued and done by the
+//!   outermost drop loop, so a long chain of dying keys never nests deeper than one level (no
+//!   C-stack overflow however long the chain).
+//!
 //! Owned by the dictionary object and by each of its iterators (`Arc`); weakref callbacks hold a
 //! `Weak` so a dead dictionary is not kept alive by the weakrefs it created.
+use std::any::Any;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -38,11 +45,42 @@ impl<E> Default for Shared<E> {
     }
 }
 
+thread_local! {
+    /// Whether this thread is inside `drop_unlocked`'s loop.
+    static DROPPING: Cell<bool> = const { Cell::new(false) };
+    /// Entries removed while `DROPPING`, for that loop to drop.
+    static DEFERRED: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Drop removed entries (after the lock is released), iteratively rather than recursively when
+/// dropping one entry removes others.
+pub fn drop_unlocked<E: 'static>(trash: Vec<E>) {
+    if trash.is_empty() {
+        return;
+    }
+    if DROPPING.with(|d| d.get()) {
+        DEFERRED.with(|q| q.borrow_mut().push(Box::new(trash)));
+        return;
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            DROPPING.with(|d| d.set(false));
+        }
+    }
+    DROPPING.with(|d| d.set(true));
+    let _reset = Reset;
+    drop(trash);
+    while let Some(next) = DEFERRED.with(|q| q.borrow_mut().pop()) {
+        drop(next);
+    }
+}
+
 fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl<E> Shared<E> {
+impl<E: 'static> Shared<E> {
     /// Run `f` on the locked table; entries it removed are dropped after unlocking.
     pub fn with<R>(&self, f: impl FnOnce(&mut Table<E>) -> R) -> Result<R, Busy> {
         let (r, trash) = {
@@ -62,7 +100,7 @@ impl<E> Shared<E> {
             t.maybe_compact(self.iterators.load(Ordering::Acquire) == 0);
             (r, std::mem::take(&mut t.trash))
         };
-        drop(trash);
+        drop_unlocked(trash);
         Ok(r)
     }
 
@@ -157,6 +195,39 @@ mod tests {
     }
 
     #[test]
+    fn long_cascades_are_dropped_iteratively() {
+        thread_local!(static DEPTH: Cell<usize> = const { Cell::new(0) });
+        thread_local!(static MAX_DEPTH: Cell<usize> = const { Cell::new(0) });
+        struct Link {
+            shared: std::sync::Weak<Shared<Link>>,
+            next: Option<usize>,
+        }
+        impl Drop for Link {
+            fn drop(&mut self) {
+                let d = DEPTH.with(|d| d.get()) + 1;
+                DEPTH.with(|x| x.set(d));
+                MAX_DEPTH.with(|m| m.set(m.get().max(d)));
+                if let (Some(r), Some(s)) = (self.next, self.shared.upgrade()) {
+                    s.remove_dead(r);
+                }
+                DEPTH.with(|x| x.set(d - 1));
+            }
+        }
+        let s: Arc<Shared<Link>> = Arc::new(Shared::default());
+        let n = 100_000;
+        s.with(|t| {
+            for i in 0..n {
+                let next = (i + 1 < n).then_some(i + 1);
+                t.insert_new(i as u64, i, Link { shared: Arc::downgrade(&s), next });
+            }
+        })
+        .unwrap();
+        s.remove_dead(0);
+        assert_eq!(s.with(|t| t.len()).unwrap(), 0);
+        assert_eq!(MAX_DEPTH.with(|m| m.get()), 1);
+    }
+
+    #[test]
     fn removal_while_busy_is_deferred_then_applied() {
         let s: Arc<Shared<u32>> = Arc::new(Shared::default());
         s.with(|t| {
@@ -194,6 +265,7 @@ mod tests {
         }
         assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 64));
         s.end_iteration();
+        s.with(|_| ()).unwrap(); // compaction happens as a locked section ends
         assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 4));
     }
 }
