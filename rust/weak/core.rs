@@ -270,9 +270,15 @@ impl Core {
         Ok(item)
     }
 
-    /// Remove every entry; values are dropped after the table is already empty.
+    /// Remove every entry; values are dropped after the table is already empty. Entries that
+    /// their `__del__`s insert meanwhile are removed too (torch's `clear()` pops until empty).
     pub fn clear(&self) -> PyResult<()> {
-        self.locked(|t| t.clear())
+        while self.locked(|t| {
+            let had = !t.is_empty();
+            t.clear();
+            had
+        })? {}
+        Ok(())
     }
 
     /// Strong references to every live (key, value), in insertion order.
