@@ -89,6 +89,25 @@ def test_from_pairs(WeakDict):
     assert (d[a], d[b]) == (1, 2)
 
 
+def test_subclass_with_its_own_init(WeakDict):
+    class Sub(WeakDict):
+        def __init__(self, x):
+            super().__init__()
+            self.x = x
+
+    k = T()
+    s = Sub(5)
+    s[k] = 1
+    assert (s.x, s[k], len(s)) == (5, 1, 1)
+
+
+def test_init_again_resets(WeakDict):
+    a, b = T(), T()
+    d = WeakDict({a: 1})
+    d.__init__({b: 2})
+    assert dict(d) == {b: 2}
+
+
 def test_ref_type_attribute(WeakDict):
     assert WeakDict().ref_type is tweak.WeakIdRef
     assert WeakDict(ref_type=tweak._WeakHashRef).ref_type is tweak._WeakHashRef

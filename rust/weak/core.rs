@@ -5,6 +5,7 @@
 //! raising errors, calling `__del__` through drops) happens before or after a short locked section
 //! that only reads the table and moves reference counts. A key's weakref carries the dictionary's
 //! `PyWeakRemover` as its callback; the entry is found again by the weakref's address.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
@@ -48,7 +49,8 @@ impl PyWeakRemover {
 pub struct Core {
     pub shared: Arc<Shared<Entry>>,
     remover: Py<PyWeakRemover>,
-    pub mode: KeyMode,
+    /// `KeyMode::Hash` when set; changed only by `__init__` (`set_mode`) while the table is empty.
+    hash_mode: AtomicBool,
     /// Lookups of keys that cannot be weakly referenced raise TypeError (torch's behaviour);
     /// otherwise they simply miss (the exact dictionary).
     pub strict: bool,
@@ -103,12 +105,28 @@ impl Core {
     pub fn new(py: Python<'_>, mode: KeyMode, strict: bool) -> PyResult<Core> {
         let shared = Arc::new(Shared::default());
         let remover = Py::new(py, PyWeakRemover { shared: Arc::downgrade(&shared) })?;
-        Ok(Core { shared, remover, mode, strict })
+        Ok(Core { shared, remover, hash_mode: AtomicBool::new(mode == KeyMode::Hash), strict })
     }
 
     /// A dictionary of the same kind, empty.
     pub fn new_like(&self, py: Python<'_>) -> PyResult<Core> {
-        Core::new(py, self.mode, self.strict)
+        Core::new(py, self.mode(), self.strict)
+    }
+
+    #[inline]
+    pub fn mode(&self) -> KeyMode {
+        if self.hash_mode.load(Ordering::Relaxed) {
+            KeyMode::Hash
+        } else {
+            KeyMode::Id
+        }
+    }
+
+    /// Empty the dictionary and set how keys are identified (`__init__`).
+    pub fn reset(&self, mode: KeyMode) -> PyResult<()> {
+        self.clear()?;
+        self.hash_mode.store(mode == KeyMode::Hash, Ordering::Relaxed);
+        Ok(())
     }
 
     #[inline]
@@ -119,7 +137,7 @@ impl Core {
     /// The table key of `key` (may run `__hash__` in hash mode).
     #[inline]
     fn key_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u64> {
-        match self.mode {
+        match self.mode() {
             KeyMode::Id => Ok(key.as_ptr() as usize as u64),
             KeyMode::Hash => Ok(key.hash()? as u64),
         }
@@ -130,7 +148,7 @@ impl Core {
     #[inline]
     fn matches(&self, py: Python<'_>, e: &Entry, key: &Bound<'_, PyAny>) -> bool {
         let p = referent_ptr(py, &e.wr);
-        match self.mode {
+        match self.mode() {
             KeyMode::Id => p == key.as_ptr(),
             KeyMode::Hash => !p.is_null(),
         }
@@ -141,7 +159,7 @@ impl Core {
     #[inline]
     fn lookup_key(&self, key: &Bound<'_, PyAny>) -> PyResult<u64> {
         let k = self.key_of(key)?;
-        if self.mode == KeyMode::Hash {
+        if self.mode() == KeyMode::Hash {
             check_weakrefable(key)?;
         }
         Ok(k)
@@ -149,7 +167,7 @@ impl Core {
 
     #[inline]
     fn check_miss(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        if self.strict && self.mode == KeyMode::Id {
+        if self.strict && self.mode() == KeyMode::Id {
             check_weakrefable(key)?;
         }
         Ok(())
@@ -176,7 +194,7 @@ impl Core {
     /// `key in d`: never raises for keys that cannot be weakly referenced.
     pub fn contains(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let py = key.py();
-        let k = match self.mode {
+        let k = match self.mode() {
             KeyMode::Id => key.as_ptr() as usize as u64,
             KeyMode::Hash => match key.hash() {
                 Ok(h) if supports_weakrefs(key) => h as u64,
@@ -192,7 +210,7 @@ impl Core {
     /// returns the value stored afterwards.
     pub fn insert(&self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, overwrite: bool) -> PyResult<Py<PyAny>> {
         let py = key.py();
-        let k = self.key_of(key)?;
+        let k = self.lookup_key(key)?;
         // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
         let hit = self.locked(|t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => Some(if overwrite {

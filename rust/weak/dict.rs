@@ -46,12 +46,30 @@ fn is_mapping(obj: &Bound<'_, PyAny>) -> bool {
 #[pyclass(module = "ferrodyn._C", name = "WeakIdKeyDictionary", frozen, subclass, weakref, mapping, generic)]
 pub struct PyWeakIdKeyDictionary {
     pub(crate) core: Core,
-    ref_type: Option<Py<PyAny>>,
+    /// The `ref_type` given to `__init__`, if any (None: torch's WeakIdRef).
+    ref_type: Mutex<Option<Py<PyAny>>>,
 }
 
 impl PyWeakIdKeyDictionary {
     fn from_core(core: Core, ref_type: Option<Py<PyAny>>) -> Self {
-        PyWeakIdKeyDictionary { core, ref_type }
+        PyWeakIdKeyDictionary { core, ref_type: Mutex::new(ref_type) }
+    }
+
+    fn ref_type_given(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.ref_type.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|r| r.clone_ref(py))
+    }
+
+    /// `__init__`'s work, shared with the exact dictionary: reset, then fill from `dict`.
+    fn init(&self, py: Python<'_>, dict: Option<&Bound<'_, PyAny>>, ref_type: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let mode = mode_of(py, ref_type)?;
+        self.core.reset(mode)?;
+        let given = ref_type.filter(|r| !r.is_none()).map(|r| r.clone().unbind());
+        let old = std::mem::replace(&mut *self.ref_type.lock().unwrap_or_else(|p| p.into_inner()), given);
+        drop(old);
+        if let Some(d) = dict.filter(|d| !d.is_none()) {
+            self.core.update_from(d)?;
+        }
+        Ok(())
     }
 
     /// An empty dictionary of the same kind (the exact dictionary stays exact; Python subclasses
@@ -60,7 +78,7 @@ impl PyWeakIdKeyDictionary {
         let py = slf.py();
         let this = slf.get();
         let core = this.core.new_like(py)?;
-        let ref_type = this.ref_type.as_ref().map(|r| r.clone_ref(py));
+        let ref_type = this.ref_type_given(py);
         let base = PyWeakIdKeyDictionary::from_core(core, ref_type);
         if !this.core.strict {
             let init = PyClassInitializer::from(base).add_subclass(PyWeakKeyExactDictionary);
@@ -81,22 +99,23 @@ fn core_of<'a>(obj: &'a Bound<'_, PyAny>) -> Option<&'a Core> {
 
 #[pymethods]
 impl PyWeakIdKeyDictionary {
+    /// Arguments are `__init__`'s (so Python subclasses may define their own `__init__`).
     #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Ok(PyWeakIdKeyDictionary::from_core(Core::new(py, KeyMode::Id, true)?, None))
+    }
+
     #[pyo3(signature = (dict=None, ref_type=None))]
-    fn py_new(py: Python<'_>, dict: Option<&Bound<'_, PyAny>>, ref_type: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let mode = mode_of(py, ref_type)?;
-        let core = Core::new(py, mode, true)?;
-        if let Some(d) = dict.filter(|d| !d.is_none()) {
-            core.update_from(d)?;
-        }
-        Ok(PyWeakIdKeyDictionary::from_core(core, ref_type.filter(|r| !r.is_none()).map(|r| r.clone().unbind())))
+    fn __init__(&self, py: Python<'_>, dict: Option<&Bound<'_, PyAny>>, ref_type: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.init(py, dict, ref_type)
     }
 
     /// The weak-reference class that defines key equality (torch's attribute).
     #[getter]
     fn ref_type(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        match &self.ref_type {
-            Some(r) => Ok(r.clone_ref(py)),
+        match self.ref_type_given(py) {
+            Some(r) => Ok(r),
             None => Ok(py.import("torch.utils.weak")?.getattr("WeakIdRef")?.unbind()),
         }
     }
@@ -282,13 +301,15 @@ pub struct PyWeakKeyExactDictionary;
 #[pymethods]
 impl PyWeakKeyExactDictionary {
     #[new]
-    #[pyo3(signature = (dict=None))]
-    fn py_new(py: Python<'_>, dict: Option<&Bound<'_, PyAny>>) -> PyResult<PyClassInitializer<Self>> {
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyClassInitializer<Self>> {
         let core = Core::new(py, KeyMode::Id, false)?;
-        if let Some(d) = dict.filter(|d| !d.is_none()) {
-            core.update_from(d)?;
-        }
         Ok(PyClassInitializer::from(PyWeakIdKeyDictionary::from_core(core, None)).add_subclass(PyWeakKeyExactDictionary))
+    }
+
+    #[pyo3(signature = (dict=None))]
+    fn __init__(slf: &Bound<'_, Self>, dict: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        slf.as_super().get().init(slf.py(), dict, None)
     }
 }
 
