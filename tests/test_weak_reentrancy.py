@@ -283,7 +283,8 @@ def test_threads_hammering_one_dict(WeakDict):
                     try:
                         list(d.items())
                     except RuntimeError as e:  # another thread inserted meanwhile: allowed
-                        assert "changed size during iteration" in str(e)
+                        # ("dictionary changed size / keys changed during iteration")
+                        assert "changed" in str(e) and "during iteration" in str(e)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
