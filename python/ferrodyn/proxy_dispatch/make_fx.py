@@ -29,7 +29,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, ProxyDispatchMode
+from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, make_mode
 from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker
 
 TRACING_MODES = ("real", "fake", "symbolic")
@@ -217,7 +217,7 @@ class _Trace:
                 tracker.set_sym(x, node)
         call_args = pytree.tree_unflatten(inputs, in_spec) if nested else tuple(inputs)
 
-        mode = ProxyDispatchMode(
+        mode = make_mode(
             tracker, decomposition_table=self.table, pre_dispatch=self.pre_dispatch
         )
         with ExitStack() as stack:

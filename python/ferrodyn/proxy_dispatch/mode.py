@@ -21,7 +21,11 @@ import operator
 
 import torch
 from torch._C import DispatchKey
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch._subclasses.fake_tensor import (
+    FakeTensor,
+    UnsupportedOperatorException,
+    unset_fake_temporarily,
+)
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _push_mode, _unset_infra_mode
 
@@ -96,7 +100,7 @@ class ProxyDispatchMode(TorchDispatchMode):
         pre_dispatch: bool = False,
         error_on_data_dependent_ops: bool = True,
     ):
-        super().__init__(DispatchKey.PreDispatch if pre_dispatch else None)
+        TorchDispatchMode.__init__(self, DispatchKey.PreDispatch if pre_dispatch else None)
         self.tracker = tracker
         self.decomposition_table = decomposition_table or {}
         self.pre_dispatch = pre_dispatch
@@ -115,11 +119,11 @@ class ProxyDispatchMode(TorchDispatchMode):
     def __enter__(self):
         # only one proxy mode can be active: park the previous one while this one runs
         self._enter_stack.append(_unset_infra_mode(_PROXY_KEY))
-        return super().__enter__()
+        return TorchDispatchMode.__enter__(self)
 
     def __exit__(self, exc_type, exc_value, tb):
         try:
-            return super().__exit__(exc_type, exc_value, tb)
+            return TorchDispatchMode.__exit__(self, exc_type, exc_value, tb)
         finally:
             prev = self._enter_stack.pop()
             if prev is not None:
@@ -199,6 +203,12 @@ class ProxyDispatchMode(TorchDispatchMode):
         tracker.lazy = True
         try:
             out = func(*args, **kwargs)
+        except UnsupportedOperatorException as e:
+            raise RuntimeError(
+                f"make_fx: operator {func} has no fake (meta) implementation, so it cannot be "
+                "traced with tracing_mode='fake' or 'symbolic'; register one "
+                "(torch.library.register_fake) or trace with tracing_mode='real'"
+            ) from e
         finally:
             tracker.lazy = False
 
@@ -299,6 +309,32 @@ def _all_small(out) -> bool:
     if type(out) in (list, tuple):
         return all(_all_small(o) for o in out)
     return True
+
+
+def _pre_dispatch_mode_class():
+    """torch's pre-dispatch mode stack accepts only its own mode classes, so under pre_dispatch
+    the mode also derives from torch's ProxyTorchDispatchMode (for that isinstance check only:
+    every method used is this module's)."""
+    global _PreDispatchProxyMode
+    if _PreDispatchProxyMode is None:
+        from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+
+        class PreDispatchProxyMode(ProxyDispatchMode, ProxyTorchDispatchMode):
+            __torch_dispatch__ = ProxyDispatchMode.__torch_dispatch__
+            __sym_dispatch__ = ProxyDispatchMode.__sym_dispatch__
+            __enter__ = ProxyDispatchMode.__enter__
+            __exit__ = ProxyDispatchMode.__exit__
+
+        _PreDispatchProxyMode = PreDispatchProxyMode
+    return _PreDispatchProxyMode
+
+
+_PreDispatchProxyMode = None
+
+
+def make_mode(tracker: ProxyTracker, *, decomposition_table=None, pre_dispatch: bool = False):
+    cls = _pre_dispatch_mode_class() if pre_dispatch else ProxyDispatchMode
+    return cls(tracker, decomposition_table=decomposition_table, pre_dispatch=pre_dispatch)
 
 
 class PreDispatchFunctionMode(TorchFunctionMode):
