@@ -109,6 +109,16 @@ def scalars_lists(x, y):
     return z.sum(dim=[0, 1]) * 2.5 + w.sum(), z.flip([0]), torch.stack([x, y]).amax(dim=(0, 2))
 
 
+def metadata_mutation(x):
+    y = x * 2
+    y.t_()
+    z = y.unsqueeze(0)
+    z.squeeze_(0)
+    b = torch.empty(0)
+    torch.add(x, 1, out=b)  # resizes b
+    return y + 1, z, b, torch.zeros_like(x).unsqueeze_(1)
+
+
 def constants(x):
     c = torch.tensor([1.0, 2.0, 3.0])
     return x * c + _mlp[0].bias[:3], c
@@ -126,6 +136,7 @@ PROGRAMS = {
     "multi_out": (multi_out, lambda: (torch.randn(4, 6),)),
     "scalars_lists": (scalars_lists, lambda: (torch.randn(2, 3), torch.randn(2, 3))),
     "constants": (constants, lambda: (torch.randn(3),)),
+    "metadata_mutation": (metadata_mutation, lambda: (torch.randn(2, 3),)),
 }
 
 
@@ -181,6 +192,22 @@ def test_meta_val_describes_each_value(mode):
                 assert tuple(val.shape) == tuple(real.shape)
             checked += 1
     assert checked >= 8
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_meta_val_is_the_value_when_produced(mode):
+    """Later in-place changes of sizes/strides (t_, squeeze_, out= resizing) do not leak into
+    the values recorded for earlier nodes: each equals torch's make_fx's."""
+    (x,) = PROGRAMS["metadata_mutation"][1]()
+    ours = make_fx(metadata_mutation, tracing_mode=mode)(x)
+    ref = torch_trace(metadata_mutation, mode, (x,))
+    pairs = list(zip(ours.graph.nodes, ref.graph.nodes))
+    assert len(pairs) == len(ref.graph.nodes)
+    for a, b in pairs:
+        va, vb = a.meta.get("val"), b.meta.get("val")
+        if isinstance(vb, torch.Tensor):
+            assert str(va.shape) == str(vb.shape), a
+            assert str(va.stride()) == str(vb.stride()), a
 
 
 def test_symbolic_graph_runs_on_other_sizes():

@@ -40,13 +40,16 @@ _LIFT_FRESH_COPY = _aten.lift_fresh_copy.default
 _METADATA_OPS = (_aten.size.default, _aten.stride.default, _aten.storage_offset.default)
 _HANDLED_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 _CIA = DispatchKey.CompositeImplicitAutograd
+_METADATA_MUTATORS = frozenset({"resize_", "resize_as_", "set_", "_resize_output_", "as_strided_"})
 CONSTANT_NUMEL_LIMIT = 1  # tensors this small keep their value for .item() (as torch does)
 
 
 class _OpInfo:
     """What the mode needs to know about one OpOverload, computed once."""
 
-    __slots__ = ("name", "data_dependent", "seeded", "has_cia", "backend")
+    __slots__ = (
+        "name", "data_dependent", "seeded", "has_cia", "backend", "mutates_metadata", "factory"
+    )
 
     def __init__(self, func, graph):
         tags = func.tags
@@ -57,6 +60,20 @@ class _OpInfo:
             func.name(), _CIA
         )
         self.backend: dict[str, bool] = {}  # device type -> has a backend kernel
+        # may change an argument's sizes/strides in place (view-in-place ops, resize/set_,
+        # and out= ops, which resize their output)
+        schema = func._schema
+        # takes TensorOptions (empty_like, randn_like, ...): called through torch's variable
+        # factories, which re-wrap a result that is referenced elsewhere
+        self.factory = any(a.name in ("pin_memory", "layout") for a in schema.arguments)
+        self.mutates_metadata = (
+            torch.Tag.inplace_view in tags
+            or func.overloadpacket.__name__ in _METADATA_MUTATORS
+            or any(
+                a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+                for a in schema.arguments
+            )
+        )
 
     def autograd_would_decompose(self, func, args, kwargs) -> bool:
         """True when eager autograd would have run the CIA decomposition (no backend kernel for
@@ -200,6 +217,8 @@ class ProxyDispatchMode(TorchDispatchMode):
 
         if func is _LIFT_FRESH:
             func = _LIFT_FRESH_COPY
+        if info.mutates_metadata:
+            tracker.before_metadata_mutation(args, kwargs)
         tracker.lazy = True
         try:
             out = func(*args, **kwargs)
@@ -212,7 +231,14 @@ class ProxyDispatchMode(TorchDispatchMode):
         finally:
             tracker.lazy = False
 
-        node = tracker.call(func, node_args, node_kwargs, info.name, out)
+        # A factory's result must not be referenced from the graph when it goes back to C++:
+        # torch's variable factories re-wrap a result that has other references by detaching
+        # it (through this very mode). So those values are snapshotted instead.
+        keep_raw = not info.factory and (
+            _first_tensor(args) is not None
+            or (bool(kwargs) and _first_tensor(tuple(kwargs.values())) is not None)
+        )
+        node = tracker.call(func, node_args, node_kwargs, info.name, out, keep_raw)
 
         constant = None
         if func is _LIFT_FRESH_COPY and out.numel() <= CONSTANT_NUMEL_LIMIT:

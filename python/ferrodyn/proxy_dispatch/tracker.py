@@ -79,12 +79,14 @@ class ProxyTracker:
         self.lazy = False
         self._const_names: dict[int, tuple[str, Tensor]] = {}
         self._val_mode = None
+        # id(FakeTensor) -> the node whose meta["val"] is that very tensor (ids are stable:
+        # the node keeps the tensor alive for the whole trace)
+        self._raw_vals: dict[int, fx.Node] = {}
 
     # -- example values ---------------------------------------------------------------------
     def example_value(self, val):
-        """What `node.meta["val"]` holds for `val`: fake tensors are snapshotted (detached
-        aliases, so later in-place metadata changes do not leak back); real tensors become a
-        FakeTensor with the same metadata; symbolic and plain scalars are kept as they are."""
+        """What `node.meta["val"]` holds for `val` (a snapshot, see `_keep_val`): real tensors
+        become a FakeTensor with the same metadata; symbolic and plain scalars are kept."""
         if isinstance(val, Tensor):
             if isinstance(val, FakeTensor):
                 return fast_detach(val.fake_mode, val)
@@ -95,6 +97,30 @@ class ProxyTracker:
             return type(val)(self.example_value(v) for v in val)
         return val
 
+    def _keep_val(self, node: fx.Node, val) -> None:
+        """Store `val` as `node.meta["val"]`. A fresh FakeTensor result is stored as it is
+        (copy-on-write: `before_metadata_mutation` snapshots it if an op later changes its
+        sizes or strides in place); one that is already some node's value (an in-place or out=
+        result) or carries autograd state is snapshotted (a detached alias) right away."""
+        if type(val) is FakeTensor:
+            if id(val) in self._raw_vals or val.requires_grad:
+                val = fast_detach(val.fake_mode, val)
+            else:
+                self._raw_vals[id(val)] = node
+            node.meta["val"] = val
+        else:
+            node.meta["val"] = self.example_value(val)
+
+    def before_metadata_mutation(self, args, kwargs) -> None:
+        """An op is about to change a tensor's metadata in place (t_, unsqueeze_, resize_,
+        out=...): give the nodes holding those tensors as values their own snapshot first."""
+        raw = self._raw_vals
+        for a in (*args, *kwargs.values()):
+            for t in (a if type(a) in (list, tuple) else (a,)):
+                node = raw.pop(id(t), None) if isinstance(t, Tensor) else None
+                if node is not None and node.meta.get("val") is t:
+                    node.meta["val"] = fast_detach(t.fake_mode, t)
+
     def _fake_like(self, t: Tensor):
         mode = self._val_mode
         if mode is None:
@@ -103,15 +129,18 @@ class ProxyTracker:
         return FakeTensor(mode, meta, t.device)
 
     # -- nodes ------------------------------------------------------------------------------
-    def call(self, target, args, kwargs, name, val):
+    def call(self, target, args, kwargs, name, val, keep_raw: bool = True):
         node = self.graph.create_node("call_function", target, args, kwargs, name)
-        node.meta["val"] = self.example_value(val)
+        if keep_raw:
+            self._keep_val(node, val)
+        else:
+            node.meta["val"] = self.example_value(val)
         return node
 
     def placeholder(self, name: str, val):
         node = self.graph.create_node("placeholder", name, (), {}, name)
         node.target = node.name  # the signature uses the target: keep it unique too
-        node.meta["val"] = self.example_value(val)
+        self._keep_val(node, val)
         return node
 
     def constant_node(self, t: Tensor) -> fx.Node:
@@ -228,7 +257,7 @@ class ProxyTracker:
             graph = self.graph
             for i, e in enumerate(out):
                 item = graph.create_node("call_function", operator.getitem, (node, i), {})
-                item.meta["val"] = self.example_value(e)
+                self._keep_val(item, e)
                 c = constant[i] if constant is not None else None
                 self.track_output(e, item, c)
 
@@ -238,6 +267,7 @@ class ProxyTracker:
         self.syms.clear()
         self.constants.clear()
         self.symbols.clear()
+        self._raw_vals.clear()
 
 
 _VAL_MODE = None
