@@ -53,7 +53,7 @@ def _programs():
     }
 
 
-def run(rounds: int = 15) -> list[dict]:
+def run(rounds: int = 7) -> list[dict]:
     rows = []
     for name, (fn, args) in _programs().items():
         for mode in ("real", "fake", "symbolic"):

@@ -308,6 +308,46 @@ def test_pre_dispatch_keeps_composite_ops_and_grad_mode():
     assert_same(gm(*args), f(*args))
 
 
+def size_arithmetic(x):
+    n = x.shape[0] // 2
+    s = x.sum().item()
+    y = x.new_zeros(x.shape) + s
+    return y[:n] * (x.shape[1] / 3.0)
+
+
+def data_dependent_shape(x):
+    idx = torch.nonzero(x > 0)
+    return idx.sum() + idx.shape[0]
+
+
+@pytest.mark.parametrize(
+    "fn, mode",
+    [(size_arithmetic, "symbolic"), (data_dependent_shape, "fake"),
+     (data_dependent_shape, "symbolic")],
+)
+def test_symbolic_values_parity(fn, mode):
+    x = torch.randn(6, 4) if fn is size_arithmetic else torch.randn(6)
+    gm = make_fx(fn, tracing_mode=mode)(x)
+    assert ops(gm) == ops(torch_trace(fn, mode, (x,)))
+    other = torch.randn(8, 3) if fn is size_arithmetic else torch.randn(9)
+    assert_same(gm(other), fn(other))
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_pre_dispatch_in_fake_modes(mode):
+    def f(x, w):
+        y = F.linear(x, w)
+        with torch.no_grad():
+            z = y * 2
+        return y + z
+
+    args = (torch.randn(3, 4), torch.randn(5, 4))
+    gm = make_fx(f, tracing_mode=mode, pre_dispatch=True)(*args)
+    ref = torch_make_fx(f, tracing_mode=mode, pre_dispatch=True)(*args)
+    assert ops(gm) == ops(ref)
+    assert_same(gm(*args), f(*args))
+
+
 def test_tracking_goes_through_ferrodyn_weak_dictionaries():
     from ferrodyn.weak import WeakIdKeyDictionary, WeakTensorKeyDictionary
 

@@ -193,6 +193,8 @@ class ProxyTracker:
         t = type(a)
         if t is tuple or t is list:
             return t([self.arg(x) for x in a])
+        if t is torch.Size:  # a decomposition may pass sizes on as they came
+            return [self.arg(x) for x in a]
         if isinstance(a, Tensor):
             node = self.tensors.get(a)
             return self.constant_node(a) if node is None else node
