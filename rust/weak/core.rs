@@ -90,7 +90,9 @@ pub fn unpack2<'py>(item: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, Bo
     match (a, b) {
         (Some(a), Some(b)) => {
             if it.next().transpose()?.is_some() {
-                return Err(PyValueError::new_err("too many values to unpack (expected 2)"));
+                return Err(PyValueError::new_err(
+                    "too many values to unpack (expected 2)",
+                ));
             }
             Ok((a, b))
         }
@@ -104,8 +106,18 @@ pub fn unpack2<'py>(item: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, Bo
 impl Core {
     pub fn new(py: Python<'_>, mode: KeyMode, strict: bool) -> PyResult<Core> {
         let shared = Arc::new(Shared::default());
-        let remover = Py::new(py, PyWeakRemover { shared: Arc::downgrade(&shared) })?;
-        Ok(Core { shared, remover, hash_mode: AtomicBool::new(mode == KeyMode::Hash), strict })
+        let remover = Py::new(
+            py,
+            PyWeakRemover {
+                shared: Arc::downgrade(&shared),
+            },
+        )?;
+        Ok(Core {
+            shared,
+            remover,
+            hash_mode: AtomicBool::new(mode == KeyMode::Hash),
+            strict,
+        })
     }
 
     /// A dictionary of the same kind, empty.
@@ -125,7 +137,8 @@ impl Core {
     /// Empty the dictionary and set how keys are identified (`__init__`).
     pub fn reset(&self, mode: KeyMode) -> PyResult<()> {
         self.clear()?;
-        self.hash_mode.store(mode == KeyMode::Hash, Ordering::Relaxed);
+        self.hash_mode
+            .store(mode == KeyMode::Hash, Ordering::Relaxed);
         Ok(())
     }
 
@@ -177,10 +190,18 @@ impl Core {
         self.locked(|t| t.len())
     }
 
+    pub fn is_empty(&self) -> PyResult<bool> {
+        self.len().map(|n| n == 0)
+    }
+
     pub fn get(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         let py = key.py();
         let k = self.lookup_key(key)?;
-        let v = self.locked(|t| t.get(k).filter(|e| self.matches(py, e, key)).map(|e| e.value.clone_ref(py)))?;
+        let v = self.locked(|t| {
+            t.get(k)
+                .filter(|e| self.matches(py, e, key))
+                .map(|e| e.value.clone_ref(py))
+        })?;
         if v.is_none() {
             self.check_miss(key)?;
         }
@@ -188,7 +209,8 @@ impl Core {
     }
 
     pub fn getitem(&self, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.get(key)?.ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))
+        self.get(key)?
+            .ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))
     }
 
     /// `key in d`: never raises for keys that cannot be weakly referenced.
@@ -208,13 +230,21 @@ impl Core {
 
     /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`);
     /// returns the value stored afterwards.
-    pub fn insert(&self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, overwrite: bool) -> PyResult<Py<PyAny>> {
+    pub fn insert(
+        &self,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        overwrite: bool,
+    ) -> PyResult<Py<PyAny>> {
         let py = key.py();
         let k = self.lookup_key(key)?;
         // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
         let hit = self.locked(|t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => Some(if overwrite {
-                (std::mem::replace(&mut e.value, value.clone().unbind()), value.clone().unbind())
+                (
+                    std::mem::replace(&mut e.value, value.clone().unbind()),
+                    value.clone().unbind(),
+                )
             } else {
                 (value.clone().unbind(), e.value.clone_ref(py))
             }),
@@ -226,7 +256,10 @@ impl Core {
         // 2. absent: make the weakref unlocked (it can run the garbage collector, hence any code).
         let wr = PyWeakrefReference::new_with(key, self.remover.bind(py))?;
         let refid = wr.as_ptr() as usize;
-        let entry = Entry { wr: wr.unbind(), value: value.clone().unbind() };
+        let entry = Entry {
+            wr: wr.unbind(),
+            value: value.clone().unbind(),
+        };
         // 3. insert, unless that code inserted the key meanwhile.
         let (now, _unused) = self.locked(|t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => {
@@ -266,7 +299,10 @@ impl Core {
     }
 
     /// Remove and return the most recently inserted live entry.
-    pub fn popitem<'py>(&self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyAny>, Py<PyAny>)>> {
+    pub fn popitem<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Py<PyAny>)>> {
         let item = self.locked(|t| loop {
             let (k, key) = match t.last() {
                 None => return None,
@@ -303,7 +339,13 @@ impl Core {
     pub fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyAny>, Py<PyAny>)>> {
         let items = self.locked(|t| {
             t.iter()
-                .filter_map(|s| s.entry.wr.bind(py).upgrade().map(|k| (k, s.entry.value.clone_ref(py))))
+                .filter_map(|s| {
+                    s.entry
+                        .wr
+                        .bind(py)
+                        .upgrade()
+                        .map(|k| (k, s.entry.value.clone_ref(py)))
+                })
                 .collect::<Vec<_>>()
         })?;
         for (k, _) in &items {

@@ -20,10 +20,15 @@ use super::shared::Shared;
 /// `ref_type` -> key mode: torch's `WeakIdRef` (or None) compares by identity, `_WeakHashRef` by
 /// `hash()`. torch.utils.weak is imported only when a ref_type is given (torch is then loaded).
 fn mode_of(py: Python<'_>, ref_type: Option<&Bound<'_, PyAny>>) -> PyResult<KeyMode> {
-    let Some(rt) = ref_type.filter(|r| !r.is_none()) else { return Ok(KeyMode::Id) };
+    let Some(rt) = ref_type.filter(|r| !r.is_none()) else {
+        return Ok(KeyMode::Id);
+    };
     let weak = py.import("torch.utils.weak")?;
     let rt_type = rt.cast::<PyType>().map_err(|_| {
-        PyTypeError::new_err(format!("ref_type must be a class, got {}", rt.repr().map(|r| r.to_string()).unwrap_or_default()))
+        PyTypeError::new_err(format!(
+            "ref_type must be a class, got {}",
+            rt.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
     })?;
     if rt_type.is_subclass(&weak.getattr("_WeakHashRef")?)? {
         return Ok(KeyMode::Hash);
@@ -43,7 +48,15 @@ fn is_mapping(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// Weak-key dictionary with identity keys: torch.utils.weak.WeakIdKeyDictionary's behaviour.
-#[pyclass(module = "ferrodyn._C", name = "WeakIdKeyDictionary", frozen, subclass, weakref, mapping, generic)]
+#[pyclass(
+    module = "ferrodyn._C",
+    name = "WeakIdKeyDictionary",
+    frozen,
+    subclass,
+    weakref,
+    mapping,
+    generic
+)]
 pub struct PyWeakIdKeyDictionary {
     pub(crate) core: Core,
     /// The `ref_type` given to `__init__`, if any (None: torch's WeakIdRef).
@@ -52,19 +65,36 @@ pub struct PyWeakIdKeyDictionary {
 
 impl PyWeakIdKeyDictionary {
     fn from_core(core: Core, ref_type: Option<Py<PyAny>>) -> Self {
-        PyWeakIdKeyDictionary { core, ref_type: Mutex::new(ref_type) }
+        PyWeakIdKeyDictionary {
+            core,
+            ref_type: Mutex::new(ref_type),
+        }
     }
 
     fn ref_type_given(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.ref_type.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|r| r.clone_ref(py))
+        self.ref_type
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|r| r.clone_ref(py))
     }
 
     /// `__init__`'s work, shared with the exact dictionary: reset, then fill from `dict`.
-    fn init(&self, py: Python<'_>, dict: Option<&Bound<'_, PyAny>>, ref_type: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    fn init(
+        &self,
+        py: Python<'_>,
+        dict: Option<&Bound<'_, PyAny>>,
+        ref_type: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let mode = mode_of(py, ref_type)?;
         self.core.reset(mode)?;
-        let given = ref_type.filter(|r| !r.is_none()).map(|r| r.clone().unbind());
-        let old = std::mem::replace(&mut *self.ref_type.lock().unwrap_or_else(|p| p.into_inner()), given);
+        let given = ref_type
+            .filter(|r| !r.is_none())
+            .map(|r| r.clone().unbind());
+        let old = std::mem::replace(
+            &mut *self.ref_type.lock().unwrap_or_else(|p| p.into_inner()),
+            given,
+        );
         drop(old);
         if let Some(d) = dict.filter(|d| !d.is_none()) {
             self.core.update_from(d)?;
@@ -94,7 +124,9 @@ impl PyWeakIdKeyDictionary {
 
 /// The core of a dictionary created by `empty_like` or `type(self)()`.
 fn core_of<'a>(obj: &'a Bound<'_, PyAny>) -> Option<&'a Core> {
-    obj.cast::<PyWeakIdKeyDictionary>().ok().map(|d| &d.get().core)
+    obj.cast::<PyWeakIdKeyDictionary>()
+        .ok()
+        .map(|d| &d.get().core)
 }
 
 #[pymethods]
@@ -102,12 +134,24 @@ impl PyWeakIdKeyDictionary {
     /// Arguments are `__init__`'s (so Python subclasses may define their own `__init__`).
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn py_new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Ok(PyWeakIdKeyDictionary::from_core(Core::new(py, KeyMode::Id, true)?, None))
+    fn py_new(
+        py: Python<'_>,
+        _args: &Bound<'_, PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        Ok(PyWeakIdKeyDictionary::from_core(
+            Core::new(py, KeyMode::Id, true)?,
+            None,
+        ))
     }
 
     #[pyo3(signature = (dict=None, ref_type=None))]
-    fn __init__(&self, py: Python<'_>, dict: Option<&Bound<'_, PyAny>>, ref_type: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    fn __init__(
+        &self,
+        py: Python<'_>,
+        dict: Option<&Bound<'_, PyAny>>,
+        ref_type: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         self.init(py, dict, ref_type)
     }
 
@@ -116,7 +160,10 @@ impl PyWeakIdKeyDictionary {
     fn ref_type(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match self.ref_type_given(py) {
             Some(r) => Ok(r),
-            None => Ok(py.import("torch.utils.weak")?.getattr("WeakIdRef")?.unbind()),
+            None => Ok(py
+                .import("torch.utils.weak")?
+                .getattr("WeakIdRef")?
+                .unbind()),
         }
     }
 
@@ -144,14 +191,22 @@ impl PyWeakIdKeyDictionary {
     }
 
     #[pyo3(signature = (key, default=None))]
-    fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>, default: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+    fn get(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        default: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         Ok(self.core.get(key)?.or(default).unwrap_or_else(|| py.None()))
     }
 
     #[pyo3(signature = (key, *default))]
     fn pop(&self, key: &Bound<'_, PyAny>, default: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
         if default.len() > 1 {
-            return Err(PyTypeError::new_err(format!("pop expected at most 2 arguments, got {}", default.len() + 1)));
+            return Err(PyTypeError::new_err(format!(
+                "pop expected at most 2 arguments, got {}",
+                default.len() + 1
+            )));
         }
         match self.core.remove(key)? {
             Some(v) => Ok(v),
@@ -161,17 +216,28 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn popitem<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Py<PyAny>)> {
-        self.core.popitem(py)?.ok_or_else(|| PyKeyError::new_err("popitem(): dictionary is empty"))
+        self.core
+            .popitem(py)?
+            .ok_or_else(|| PyKeyError::new_err("popitem(): dictionary is empty"))
     }
 
     #[pyo3(signature = (key, default=None))]
-    fn setdefault(&self, py: Python<'_>, key: &Bound<'_, PyAny>, default: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    fn setdefault(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        default: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let none = py.None().into_bound(py);
         self.core.insert(key, default.unwrap_or(&none), false)
     }
 
     #[pyo3(signature = (dict=None, **kwargs))]
-    fn update(&self, dict: Option<&Bound<'_, PyAny>>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    fn update(
+        &self,
+        dict: Option<&Bound<'_, PyAny>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
         if let Some(d) = dict.filter(|d| !d.is_none()) {
             self.core.update_from(d)?;
         }
@@ -220,9 +286,14 @@ impl PyWeakIdKeyDictionary {
         Self::copy(slf)
     }
 
-    fn __deepcopy__<'py>(slf: &Bound<'py, Self>, memo: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn __deepcopy__<'py>(
+        slf: &Bound<'py, Self>,
+        memo: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let deepcopy = py.import(intern!(py, "copy"))?.getattr(intern!(py, "deepcopy"))?;
+        let deepcopy = py
+            .import(intern!(py, "copy"))?
+            .getattr(intern!(py, "deepcopy"))?;
         let new = slf.get_type().call0()?;
         for (k, v) in slf.get().core.snapshot(py)? {
             new.set_item(k, deepcopy.call1((v, memo))?)?;
@@ -231,7 +302,11 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        Ok(format!("<{} at {:#x}>", slf.get_type().name()?, slf.as_ptr() as usize))
+        Ok(format!(
+            "<{} at {:#x}>",
+            slf.get_type().name()?,
+            slf.as_ptr() as usize
+        ))
     }
 
     /// Equal to any Mapping with the same key identities and equal values.
@@ -249,16 +324,25 @@ impl PyWeakIdKeyDictionary {
             let (k, v) = super::core::unpack2(&item?)?;
             theirs.set_item(k.as_ptr() as usize, v)?;
         }
-        Ok(mine.eq(theirs)?.into_pyobject(py)?.to_owned().into_any().unbind())
+        Ok(mine
+            .eq(theirs)?
+            .into_pyobject(py)?
+            .to_owned()
+            .into_any()
+            .unbind())
     }
 
     fn __ne__<'py>(slf: &Bound<'py, Self>, other: &Bound<'py, PyAny>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let eq = Self::__eq__(slf, other)?;
-        if eq.is(&py.NotImplemented()) {
+        if eq.is(py.NotImplemented()) {
             return Ok(eq);
         }
-        Ok((!eq.bind(py).is_truthy()?).into_pyobject(py)?.to_owned().into_any().unbind())
+        Ok((!eq.bind(py).is_truthy()?)
+            .into_pyobject(py)?
+            .to_owned()
+            .into_any()
+            .unbind())
     }
 
     fn __or__<'py>(slf: &Bound<'py, Self>, other: &Bound<'py, PyAny>) -> PyResult<Py<PyAny>> {
@@ -266,7 +350,9 @@ impl PyWeakIdKeyDictionary {
             return Ok(slf.py().NotImplemented());
         }
         let new = Self::copy(slf)?;
-        core_of(&new).expect("copy makes one of ours").update_from(other)?;
+        core_of(&new)
+            .expect("copy makes one of ours")
+            .update_from(other)?;
         Ok(new.unbind())
     }
 
@@ -302,9 +388,16 @@ pub struct PyWeakKeyExactDictionary;
 impl PyWeakKeyExactDictionary {
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn py_new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyClassInitializer<Self>> {
+    fn py_new(
+        py: Python<'_>,
+        _args: &Bound<'_, PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
         let core = Core::new(py, KeyMode::Id, false)?;
-        Ok(PyClassInitializer::from(PyWeakIdKeyDictionary::from_core(core, None)).add_subclass(PyWeakKeyExactDictionary))
+        Ok(
+            PyClassInitializer::from(PyWeakIdKeyDictionary::from_core(core, None))
+                .add_subclass(PyWeakKeyExactDictionary),
+        )
     }
 
     #[pyo3(signature = (dict=None))]
@@ -339,11 +432,21 @@ pub struct PyWeakDictIterator {
 
 impl PyWeakDictIterator {
     fn new(shared: &Arc<Shared<Entry>>, kind: IterKind) -> PyResult<Self> {
-        let expected = shared
-            .with(|t| t.size_changes())
-            .map_err(|_| PyRuntimeError::new_err("ferrodyn weak dictionary re-entered while its table was locked"))?;
+        let expected = shared.with(|t| t.size_changes()).map_err(|_| {
+            PyRuntimeError::new_err(
+                "ferrodyn weak dictionary re-entered while its table was locked",
+            )
+        })?;
         shared.begin_iteration();
-        Ok(PyWeakDictIterator { shared: shared.clone(), state: Mutex::new(IterState { pos: 0, done: false }), kind, expected })
+        Ok(PyWeakDictIterator {
+            shared: shared.clone(),
+            state: Mutex::new(IterState {
+                pos: 0,
+                done: false,
+            }),
+            kind,
+            expected,
+        })
     }
 
     fn finish(&self, st: &mut IterState) {
@@ -400,7 +503,11 @@ impl PyWeakDictIterator {
                 }
                 Step::End
             })
-            .map_err(|_| PyRuntimeError::new_err("ferrodyn weak dictionary re-entered while its table was locked"))?;
+            .map_err(|_| {
+                PyRuntimeError::new_err(
+                    "ferrodyn weak dictionary re-entered while its table was locked",
+                )
+            })?;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match step {
             Step::Item(next, key, value) => {
@@ -419,7 +526,9 @@ impl PyWeakDictIterator {
             }
             Step::Changed => {
                 self.finish(&mut st);
-                Err(PyRuntimeError::new_err("dictionary changed size during iteration"))
+                Err(PyRuntimeError::new_err(
+                    "dictionary changed size during iteration",
+                ))
             }
         }
     }

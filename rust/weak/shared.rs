@@ -147,14 +147,13 @@ impl<E: 'static> Shared<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-    use std::rc::Rc;
     use std::sync::Arc;
+    use std::sync::Mutex as StdMutex;
 
     /// An entry that records when it is dropped and whether the table was locked then.
     struct Probe {
         name: &'static str,
-        log: Rc<RefCell<Vec<String>>>,
+        log: Arc<StdMutex<Vec<String>>>,
         shared: std::sync::Weak<Shared<Probe>>,
         on_drop: Option<usize>, // a refid whose key "dies" when this entry is dropped
     }
@@ -163,23 +162,40 @@ mod tests {
         fn drop(&mut self) {
             let shared = self.shared.upgrade().expect("shared alive");
             let free = shared.try_peek(|_| ()).is_some();
-            self.log.borrow_mut().push(format!("drop {} unlocked={free}", self.name));
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("drop {} unlocked={free}", self.name));
             if let Some(r) = self.on_drop {
                 shared.remove_dead(r);
             }
         }
     }
 
-    fn probe(s: &Arc<Shared<Probe>>, log: &Rc<RefCell<Vec<String>>>, name: &'static str, on_drop: Option<usize>) -> Probe {
-        Probe { name, log: log.clone(), shared: Arc::downgrade(s), on_drop }
+    fn probe(
+        s: &Arc<Shared<Probe>>,
+        log: &Arc<StdMutex<Vec<String>>>,
+        name: &'static str,
+        on_drop: Option<usize>,
+    ) -> Probe {
+        Probe {
+            name,
+            log: log.clone(),
+            shared: Arc::downgrade(s),
+            on_drop,
+        }
     }
 
     #[test]
     fn entries_are_dropped_after_unlocking_and_may_cascade() {
         let s: Arc<Shared<Probe>> = Arc::new(Shared::default());
-        let log = Rc::new(RefCell::new(Vec::new()));
+        let log = Arc::new(StdMutex::new(Vec::new()));
         // dropping a's entry kills b's key, whose entry kills c's key
-        let (a, b, c) = (probe(&s, &log, "a", Some(2)), probe(&s, &log, "b", Some(3)), probe(&s, &log, "c", None));
+        let (a, b, c) = (
+            probe(&s, &log, "a", Some(2)),
+            probe(&s, &log, "b", Some(3)),
+            probe(&s, &log, "c", None),
+        );
         s.with(|t| {
             t.insert_new(10, 1, a);
             t.insert_new(20, 2, b);
@@ -190,7 +206,14 @@ mod tests {
             t.remove(10, true);
         })
         .unwrap();
-        assert_eq!(*log.borrow(), ["drop a unlocked=true", "drop b unlocked=true", "drop c unlocked=true"]);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "drop a unlocked=true",
+                "drop b unlocked=true",
+                "drop c unlocked=true"
+            ]
+        );
         assert_eq!(s.with(|t| t.len()).unwrap(), 0);
     }
 
@@ -218,7 +241,14 @@ mod tests {
         s.with(|t| {
             for i in 0..n {
                 let next = (i + 1 < n).then_some(i + 1);
-                t.insert_new(i as u64, i, Link { shared: Arc::downgrade(&s), next });
+                t.insert_new(
+                    i as u64,
+                    i,
+                    Link {
+                        shared: Arc::downgrade(&s),
+                        next,
+                    },
+                );
             }
         })
         .unwrap();
@@ -244,7 +274,11 @@ mod tests {
             .unwrap();
         assert_eq!(applied, (false, 2));
         assert_eq!(s.pending_count(), 1);
-        assert_eq!(s.with(|t| t.len()).unwrap(), 1, "applied by the next with()");
+        assert_eq!(
+            s.with(|t| t.len()).unwrap(),
+            1,
+            "applied by the next with()"
+        );
         assert_eq!(s.pending_count(), 0);
     }
 
@@ -258,7 +292,8 @@ mod tests {
     #[test]
     fn no_compaction_while_iterating() {
         let s: Shared<u32> = Shared::default();
-        s.with(|t| (0..64).for_each(|k| t.insert_new(k, k as usize, k as u32))).unwrap();
+        s.with(|t| (0..64).for_each(|k| t.insert_new(k, k as usize, k as u32)))
+            .unwrap();
         s.begin_iteration();
         for r in 0..60 {
             s.remove_dead(r);

@@ -125,7 +125,10 @@ impl<E> Table<E> {
 
     /// Insert a key that is not present (the caller checked). Counts as a size change.
     pub fn insert_new(&mut self, key: u64, refid: usize, entry: E) {
-        debug_assert!(!self.index.contains_key(&key), "insert_new of a present key");
+        debug_assert!(
+            !self.index.contains_key(&key),
+            "insert_new of a present key"
+        );
         let i = self.slots.len();
         self.slots.push(Some(Slot { key, refid, entry }));
         self.index.insert(key, i);
@@ -153,7 +156,9 @@ impl<E> Table<E> {
 
     /// Remove the entry whose weakref is `refid` (its key died). Not a size change.
     pub fn remove_by_ref(&mut self, refid: usize) -> bool {
-        let Some(&key) = self.by_ref.get(&refid) else { return false };
+        let Some(&key) = self.by_ref.get(&refid) else {
+            return false;
+        };
         self.remove(key, false).is_some()
     }
 
@@ -184,7 +189,8 @@ impl<E> Table<E> {
         }
         self.index.clear();
         self.by_ref.clear();
-        self.trash.extend(self.slots.drain(..).flatten().map(|s| s.entry));
+        self.trash
+            .extend(self.slots.drain(..).flatten().map(|s| s.entry));
     }
 
     /// Drop tombstones when `allowed` (no iterator holds a slot index) and they are worth it:
@@ -212,8 +218,12 @@ impl<E> Table<E> {
 
     /// Internal consistency (for tests): maps and slots agree.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let live: Vec<(usize, &Slot<E>)> =
-            self.slots.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i, s))).collect();
+        let live: Vec<(usize, &Slot<E>)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+            .collect();
         if live.len() != self.index.len() || live.len() != self.by_ref.len() {
             return Err(format!(
                 "{} live slots, {} index entries, {} refs",
@@ -224,7 +234,12 @@ impl<E> Table<E> {
         }
         for (i, s) in live {
             if self.index.get(&s.key) != Some(&i) {
-                return Err(format!("key {} maps to {:?}, slot {}", s.key, self.index.get(&s.key), i));
+                return Err(format!(
+                    "key {} maps to {:?}, slot {}",
+                    s.key,
+                    self.index.get(&s.key),
+                    i
+                ));
             }
             if self.by_ref.get(&s.refid) != Some(&s.key) {
                 return Err(format!("ref {} does not map to key {}", s.refid, s.key));
@@ -321,7 +336,11 @@ mod tests {
         assert_eq!(t.size_changes(), before + 1);
         t.check_invariants().unwrap();
         t.clear();
-        assert_eq!(t.size_changes(), before + 1, "clearing an empty table changes nothing");
+        assert_eq!(
+            t.size_changes(),
+            before + 1,
+            "clearing an empty table changes nothing"
+        );
     }
 
     #[test]
