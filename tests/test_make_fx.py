@@ -255,6 +255,15 @@ def test_constants_and_parameters_become_get_attr():
     values = [getattr(gm, a) for a in set(attrs)]
     assert any(v is _mlp[0].bias for v in values)
     assert_same(gm(x), fn(x))
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for mode in MODES:
+        gm_mode = make_fx(fn, tracing_mode=mode)(x)
+        for n in gm_mode.graph.nodes:
+            if n.op == "get_attr":
+                val, attr = n.meta["val"], getattr(gm_mode, n.target)
+                assert isinstance(val, FakeTensor) and val.shape == attr.shape
+                assert val.dtype == attr.dtype
     gm_mlp = make_fx(mlp)(torch.randn(2, 8))
     params = {n.target for n in gm_mlp.graph.nodes if n.op == "get_attr"}
     assert len(params) == 4
