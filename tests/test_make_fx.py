@@ -377,6 +377,23 @@ def test_tracking_goes_through_ferrodyn_weak_dictionaries():
     assert len(tracker.tensors) == 0 and len(tracker.syms) == 0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_nested_trace_records_into_its_own_graph(mode):
+    inner_graphs = []
+
+    def inner(y):
+        return y.cos() * 3
+
+    def outer(x):
+        inner_graphs.append(make_fx(inner)(torch.ones(2)))
+        return x.sin() + 1
+
+    gm = make_fx(outer, tracing_mode=mode)(torch.randn(3))
+    aten = torch.ops.aten
+    assert ops(gm) == [aten.ones.default, aten.sin.default, aten.add.Tensor]
+    assert ops(inner_graphs[0]) == [aten.cos.default, aten.mul.Tensor]
+
+
 def test_public_name_resolves_lazily():
     assert ferrodyn.make_fx is make_fx
 

@@ -131,7 +131,8 @@ class ProxyTracker:
         mode = self._val_mode
         if mode is None:
             mode = self._val_mode = _shared_val_mode()
-        meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        with torch._C._DisableTorchDispatch():  # never seen by an enclosing trace's modes
+            meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         return FakeTensor(mode, meta, t.device)
 
     # -- nodes ------------------------------------------------------------------------------
