@@ -59,7 +59,8 @@ bench: build ## benchmarks against torch.compile / torch.utils.weak / torch's ma
 	$(RUN) $(PY) benches/run.py
 
 wheel: venv ## release wheels for CPython 3.11 and 3.12 into dist/
-	$(VENV)/bin/maturin build --release --out dist -i $(PY311) $(if $(PY312),-i $(PY312))
+	$(VENV)/bin/maturin build --release --out dist -i $(PY311)
+	$(if $(PY312),CARGO_TARGET_DIR=target/py312 $(VENV)/bin/maturin build --release --out dist -i $(PY312))
 
 lint: venv ## rustfmt and clippy (warnings are errors)
 	cargo fmt --check

@@ -7,8 +7,10 @@
 #![allow(unsafe_code)]
 
 pub mod frame;
+pub mod object;
 pub mod slots;
 pub mod tensor;
+pub mod torch_state;
 pub mod weakref;
 
 /// The CPython minor this extension was compiled for, e.g. `(3, 11)`.

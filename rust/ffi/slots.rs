@@ -19,7 +19,9 @@ impl<'a> Slots<'a> {
         if len == 0 {
             return Slots { ptrs: &[] };
         }
-        Slots { ptrs: std::slice::from_raw_parts(ptr, len) }
+        Slots {
+            ptrs: std::slice::from_raw_parts(ptr, len),
+        }
     }
 
     /// The items of a tuple, borrowed for as long as the tuple is.

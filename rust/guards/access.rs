@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
 
 use super::{GuardInput, Locals};
-use crate::ffi::tensor as raw;
+use crate::ffi::object as raw;
 
 /// One step of a path. Roots read the input; the rest read their parent's value.
 pub(crate) enum Access {
@@ -34,7 +34,7 @@ pub(crate) enum Access {
 }
 
 /// Where in an exact dict this accessor's key was last found (see
-/// `crate::ffi::tensor::dict_get_at`); a racy hint, never trusted without the identity check.
+/// `crate::ffi::object::dict_get_at`); a racy hint, never trusted without the identity check.
 #[derive(Default)]
 pub(crate) struct DictHint(AtomicUsize);
 

@@ -1,14 +1,14 @@
 //! The global-state leaf: torch's grad mode, default dtype, deterministic-algorithms flag and
 //! autocast state (enabled and dtype) per device type, as captured at build time.
 //!
-//! Checked without Python calls through torch's own C++ readers (`crate::ffi::tensor::StateFns`)
+//! Checked without Python calls through torch's own C++ readers (`crate::ffi::torch_state::StateFns`)
 //! once each was verified against the Python API by toggling the state it reads and restoring
 //! it; otherwise through torch's C-level functions (`torch._C.*`, no Python frames).
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use crate::error::Result;
-use crate::ffi::tensor::StateFns;
+use crate::ffi::torch_state::StateFns;
 
 struct Fns {
     grad: Py<PyAny>,
