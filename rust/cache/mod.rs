@@ -32,11 +32,24 @@ pub struct CacheEntry {
 impl CacheEntry {
     #[new]
     #[pyo3(signature = (r#fn, guards, *, backend_id = 0, compile_id = String::new()))]
-    fn py_new(r#fn: Bound<'_, PyAny>, guards: Bound<'_, GuardTree>, backend_id: i64, compile_id: String) -> PyResult<Self> {
+    fn py_new(
+        r#fn: Bound<'_, PyAny>,
+        guards: Bound<'_, GuardTree>,
+        backend_id: i64,
+        compile_id: String,
+    ) -> PyResult<Self> {
         if !r#fn.is_callable() {
-            return Err(pyo3::exceptions::PyTypeError::new_err("CacheEntry: fn must be callable"));
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "CacheEntry: fn must be callable",
+            ));
         }
-        Ok(CacheEntry { func: r#fn.unbind(), guards: guards.unbind(), backend_id, compile_id, hits: AtomicU64::new(0) })
+        Ok(CacheEntry {
+            func: r#fn.unbind(),
+            guards: guards.unbind(),
+            backend_id,
+            compile_id,
+            hits: AtomicU64::new(0),
+        })
     }
 
     #[getter(r#fn)]
@@ -65,8 +78,17 @@ impl CacheEntry {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let f = self.func.bind(py).repr().map(|r| r.to_string()).unwrap_or_default();
-        format!("<CacheEntry fn={f} compile_id={:?} hits={}>", self.compile_id, self.hits())
+        let f = self
+            .func
+            .bind(py)
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        format!(
+            "<CacheEntry fn={f} compile_id={:?} hits={}>",
+            self.compile_id,
+            self.hits()
+        )
     }
 }
 
@@ -178,7 +200,11 @@ impl CodeState {
 
 impl Drop for CodeState {
     fn drop(&mut self) {
-        let n = self.entries.get_mut().map(|l| l.len()).unwrap_or_else(|p| p.into_inner().len());
+        let n = self
+            .entries
+            .get_mut()
+            .map(|l| l.len())
+            .unwrap_or_else(|p| p.into_inner().len());
         ENTRIES.fetch_sub(n as i64, Ordering::Relaxed);
     }
 }
@@ -246,9 +272,18 @@ pub fn limit_reached(code: &Bound<'_, PyCode>, state: &CodeState) -> PyResult<()
 
 fn warn_limit(code: &Bound<'_, PyCode>) -> PyResult<()> {
     let py = code.py();
-    let name: String = code.getattr("co_qualname").and_then(|n| n.extract()).unwrap_or_else(|_| "?".into());
-    let file: String = code.getattr("co_filename").and_then(|n| n.extract()).unwrap_or_else(|_| "?".into());
-    let line: i64 = code.getattr("co_firstlineno").and_then(|n| n.extract()).unwrap_or(0);
+    let name: String = code
+        .getattr("co_qualname")
+        .and_then(|n| n.extract())
+        .unwrap_or_else(|_| "?".into());
+    let file: String = code
+        .getattr("co_filename")
+        .and_then(|n| n.extract())
+        .unwrap_or_else(|_| "?".into());
+    let line: i64 = code
+        .getattr("co_firstlineno")
+        .and_then(|n| n.extract())
+        .unwrap_or(0);
     let limit = cache_size_limit();
     let msg = format!(
         "ferrodyn: function '{name}' ({file}:{line}) reached the cache size limit ({limit} entries); \
@@ -260,7 +295,8 @@ fn warn_limit(code: &Bound<'_, PyCode>) -> PyResult<()> {
 }
 
 fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCode>> {
-    code.cast::<PyCode>().map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
+    code.cast::<PyCode>()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
 }
 
 #[pyfunction]

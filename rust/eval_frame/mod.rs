@@ -35,7 +35,7 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
             locals: Locals::Slots(frame.arg_slots()),
             globals: Some(&*globals),
             builtins: Some(&*builtins),
-            closure: closure.as_ref().map(|c| &**c),
+            closure: closure.as_deref(),
         };
         if let Some(entry) = cache::lookup(py, st, &input) {
             let f = entry.get().func().bind(py).clone();
@@ -54,7 +54,9 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
             };
         }
     }
-    let Some(cb) = thread::callback(py) else { return FrameAction::RunDefault };
+    let Some(cb) = thread::callback(py) else {
+        return FrameAction::RunDefault;
+    };
     cache::count_miss();
     debug::record_frame(frame.debug_fields());
     let result = thread::with_callback_off(|| -> PyResult<Option<Bound<'_, CacheEntry>>> {
@@ -67,7 +69,11 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
             Ok(e) => Ok(Some(e)),
             Err(e) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "ferrodyn: the frame callback must return a CacheEntry or None, got {}",
-                e.into_inner().get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                e.into_inner()
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             ))),
         }
     });
@@ -92,7 +98,8 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
 }
 
 fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCode>> {
-    code.cast::<PyCode>().map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
+    code.cast::<PyCode>()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
 }
 
 #[pyfunction]
@@ -119,7 +126,10 @@ fn run_only_code(code: Bound<'_, PyAny>) -> PyResult<()> {
 
 #[pyfunction]
 fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(code_extra::state(as_code(&code)?).map(|s| s.flag()).unwrap_or(CodeFlag::Default).name())
+    Ok(code_extra::state(as_code(&code)?)
+        .map(|s| s.flag())
+        .unwrap_or(CodeFlag::Default)
+        .name())
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
