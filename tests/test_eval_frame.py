@@ -537,3 +537,56 @@ def test_entry_function_released_with_entries():
     _C.reset()
     gc.collect()
     assert r() is None
+
+
+# -- frames that are never replaced --------------------------------------------------------------
+
+def test_class_bodies_and_exec_with_locals_run_unchanged():
+    rec = Recorder(lambda v: _C.CacheEntry(lambda *a: "WRONG", always_tree()))
+    ns = {}
+    with callback(rec):
+        class K:
+            attr = 1
+
+            def m(self):
+                return self.attr
+        exec("y = 2 + 3", {}, ns)
+        code = compile("z = 7", "<t>", "exec")
+        g = {}
+        exec(code, g)
+    assert K.attr == 1 and ns == {"y": 5} and g["z"] == 7
+    assert rec.views == []
+
+
+def test_recursion_error_through_hits_is_clean():
+    a = object()
+
+    def rec(n, obj):
+        return 0 if n == 0 else 1 + rec(n - 1, obj)
+
+    def compiled(n, obj, rec_cell):  # rec is a free variable of itself: its cell comes last
+        return 0 if n == 0 else 1 + rec_cell.cell_contents(n - 1, obj)
+
+    _C.insert_entry(rec.__code__, _C.CacheEntry(compiled, always_tree()))
+    ra = sys.getrefcount(a)
+    with callback(False):
+        assert rec(50, a) == 50
+        with pytest.raises(RecursionError):
+            rec(100_000, a)
+        assert rec(60, a) == 60
+    assert sys.getrefcount(a) == ra
+    assert _C.cache_entries(rec.__code__)[0].hits > 51 + 61 + 100
+
+
+def test_bound_methods_pass_self_in_slot_zero():
+    class Obj:
+        def method(self, x):
+            return ("eager", x)
+
+    o = Obj()
+    got = []
+    _C.insert_entry(Obj.method.__code__, _C.CacheEntry(lambda s, x: got.append((s, x)) or "hit",
+                                                       always_tree()))
+    with callback(False):
+        assert o.method(4) == "hit"
+    assert got == [(o, 4)]
