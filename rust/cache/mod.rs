@@ -99,7 +99,7 @@ impl CacheEntry {
     }
 
     fn record_hit(&self) {
-        self.hits.fetch_add(1, Ordering::Relaxed);
+        bump(&self.hits);
     }
 }
 
@@ -129,6 +129,8 @@ impl CodeFlag {
 #[derive(Default)]
 pub struct CodeState {
     entries: Mutex<EntryList<EntryRef>>,
+    /// The list's length, readable without the lock (the hook's pre-check).
+    len: AtomicUsize,
     flag: AtomicU8,
     warned: AtomicBool,
 }
@@ -152,6 +154,11 @@ impl CodeState {
         self.flag.store(f as u8, Ordering::Relaxed);
     }
 
+    /// No entries (read without the lock; exact whenever no insert/reset runs concurrently).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     pub fn snapshot(&self) -> Arc<Vec<EntryRef>> {
         self.lock().snapshot()
     }
@@ -166,7 +173,12 @@ impl CodeState {
     /// frame; the frames it calls are intercepted as usual.
     pub fn insert(&self, code: &Bound<'_, PyCode>, entry: EntryRef) -> bool {
         mark_entry_code_skip(code, entry.get());
-        let refused = self.lock().insert_front(entry, cache_size_limit()).err();
+        let refused = {
+            let mut l = self.lock();
+            let r = l.insert_front(entry, cache_size_limit()).err();
+            self.len.store(l.len(), Ordering::Relaxed);
+            r
+        };
         match refused {
             None => {
                 ENTRIES.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +197,11 @@ impl CodeState {
 
     /// Drop every entry and clear the flags.
     fn clear(&self) {
-        let old = self.lock().take_all();
+        let old = {
+            let mut l = self.lock();
+            self.len.store(0, Ordering::Relaxed);
+            l.take_all()
+        };
         self.set_flag(CodeFlag::Default);
         self.warned.store(false, Ordering::Relaxed);
         ENTRIES.fetch_sub(old.len() as i64, Ordering::Relaxed);
@@ -237,9 +253,16 @@ pub fn cache_size_limit() -> usize {
     LIMIT.load(Ordering::Relaxed)
 }
 
+/// Add one to a counter that is only written with the GIL held: a plain load and store (no
+/// locked read-modify-write on the hot path); the GIL serialises the writers.
+#[inline]
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
 /// Count one callback call (a miss that consulted the callback).
 pub fn count_miss() {
-    MISSES.fetch_add(1, Ordering::Relaxed);
+    bump(&MISSES);
 }
 
 /// The first entry of `state` whose guards pass on `input`, moved to the front (a hit), or None.
@@ -249,13 +272,13 @@ pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> 
         let entry = e.get();
         if entry.guards.get().check_input(py, input) {
             entry.record_hit();
-            HITS.fetch_add(1, Ordering::Relaxed);
+            bump(&HITS);
             if i != 0 {
                 state.promote(e);
             }
             return Some(Arc::clone(e));
         }
-        GUARD_FAILURES.fetch_add(1, Ordering::Relaxed);
+        bump(&GUARD_FAILURES);
     }
     None
 }
@@ -263,7 +286,7 @@ pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> 
 /// `code` is at the limit and a frame of it will run normally: count it, and warn once per
 /// code object. An error means the warning was turned into an exception (warnings filter).
 pub fn limit_reached(code: &Bound<'_, PyCode>, state: &CodeState) -> PyResult<()> {
-    LIMIT_REACHED.fetch_add(1, Ordering::Relaxed);
+    bump(&LIMIT_REACHED);
     if state.first_warning() {
         warn_limit(code)?;
     }

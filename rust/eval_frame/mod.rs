@@ -20,13 +20,30 @@ use crate::guards::{GuardInput, Locals};
 pub use thread::{thread_mode, Mode};
 pub use view::FrameView;
 
-/// Decide what runs for one intercepted frame (called by the hook with the GIL held).
-pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
+/// The hook's pre-check, before it attaches to Python: false when the frame certainly runs
+/// unchanged (its code is SKIP, or this thread only runs cached entries and the code has none).
+#[inline]
+pub fn worth_offering(mode: Mode, state: Option<&crate::cache::CodeState>) -> bool {
+    match state {
+        Some(st) if st.flag() == CodeFlag::Skip => false,
+        Some(st) => mode == Mode::Callback || !st.is_empty(),
+        None => mode == Mode::Callback,
+    }
+}
+
+/// The hit path: decide from the cache alone. `Some(action)` when decided (SKIP code, a hit,
+/// or nothing more to do), `None` when the miss path must run. Called by the hook without a
+/// pyo3 attach guard (the GIL is held), so it creates no `Py<T>` it would drop: objects it
+/// handles are borrowed or `Bound`.
+pub fn on_frame_cached(
+    frame: &InterceptedFrame<'_>,
+    state: Option<&crate::cache::CodeState>,
+    mode: Mode,
+) -> Option<FrameAction> {
     let py = frame.py();
-    let state = frame.code_state();
     if let Some(st) = state {
         if st.flag() == CodeFlag::Skip {
-            return FrameAction::RunDefault;
+            return Some(FrameAction::RunDefault);
         }
         let globals = frame.globals();
         let builtins = frame.builtins();
@@ -39,12 +56,21 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
         };
         if let Some(entry) = cache::lookup(py, st, &input) {
             let f = entry.get().func().bind(py).clone();
-            return FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind));
+            return Some(FrameAction::Return(
+                frame.call_with_slots(&f).map(Bound::unbind),
+            ));
         }
     }
     if mode != Mode::Callback || state.is_some_and(|s| s.flag() == CodeFlag::RunOnly) {
-        return FrameAction::RunDefault;
+        return Some(FrameAction::RunDefault);
     }
+    None
+}
+
+/// The miss path (a callback is set and no entry passed): the limit, then the callback.
+pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
+    let py = frame.py();
+    let state = frame.code_state();
     let code = frame.code().to_owned();
     if let Some(st) = state {
         if st.at_limit() {

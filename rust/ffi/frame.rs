@@ -137,31 +137,42 @@ unsafe extern "C" fn ferrodyn_eval_frame(
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
     let code = (*frame).f_code;
-    if mode == crate::eval_frame::Mode::RunOnly && super::code_extra::state_raw(code).is_none() {
-        // No cache and no callback: nothing to do for this frame.
+    // The code's cache state; the frame keeps its code (and so the state) alive throughout.
+    let state = super::code_extra::state_raw(code);
+    if !crate::eval_frame::worth_offering(mode, state) {
+        // SKIP code, or run-only with no entries: nothing to do, decided without attaching.
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
-    OFFERED.fetch_add(1, Ordering::Relaxed);
+    OFFERED.store(
+        OFFERED.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    ); // GIL held
+       // The hit path runs under a bare token: the GIL is held (we are called by the eval loop),
+       // and it drops no `Py<T>` (see `on_frame_cached`), so pyo3's attach bookkeeping (about a
+       // third of a hit's cost) is only paid on the miss path, which calls Python.
+    let py = Python::assume_attached();
+    let view = InterceptedFrame::new(py, tstate, frame);
+    let cached = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        crate::eval_frame::on_frame_cached(&view, state, mode)
+    }))
+    .unwrap_or_else(|_| Some(panicked()));
+    let action = match cached {
+        Some(action) => action,
+        None => Python::attach(|py| {
+            let view = InterceptedFrame::new(py, tstate, frame);
+            std::panic::catch_unwind(AssertUnwindSafe(|| crate::eval_frame::on_frame_miss(&view)))
+                .unwrap_or_else(|_| panicked())
+        }),
+    };
     // None: run the default evaluator; Some(ptr): the frame's result (NULL with an error set).
-    let outcome: Option<*mut ffi::PyObject> = Python::attach(|py| {
-        let view = InterceptedFrame::new(py, tstate, frame);
-        let action = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            crate::eval_frame::on_frame(&view, mode)
-        }))
-        .unwrap_or_else(|_| {
-            FrameAction::Return(Err(pyo3::panic::PanicException::new_err(
-                "ferrodyn: internal panic in the frame hook",
-            )))
-        });
-        match action {
-            FrameAction::RunDefault => None,
-            FrameAction::Return(Ok(obj)) => Some(obj.into_ptr()),
-            FrameAction::Return(Err(e)) => {
-                e.restore(py);
-                Some(std::ptr::null_mut())
-            }
+    let outcome: Option<*mut ffi::PyObject> = match action {
+        FrameAction::RunDefault => None,
+        FrameAction::Return(Ok(obj)) => Some(obj.into_ptr()),
+        FrameAction::Return(Err(e)) => {
+            e.restore(py);
+            Some(std::ptr::null_mut())
         }
-    });
+    };
     match outcome {
         None => _PyEval_EvalFrameDefault(tstate, frame, throwflag),
         Some(ptr) => {
@@ -169,6 +180,12 @@ unsafe extern "C" fn ferrodyn_eval_frame(
             ptr
         }
     }
+}
+
+fn panicked() -> FrameAction {
+    FrameAction::Return(Err(pyo3::panic::PanicException::new_err(
+        "ferrodyn: internal panic in the frame hook",
+    )))
 }
 
 /// The structural conditions under which a frame may be replaced (see the module docs).
