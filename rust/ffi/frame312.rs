@@ -192,7 +192,8 @@ pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut Interpr
 /// # Safety
 /// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
 /// with the GIL held.
+#[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
 pub unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
     let ts = ts as *mut ThreadStateHead;
-    Some(((*ts).thread_id as u64, (*ts).native_thread_id as u64))
+    Some((u64::from((*ts).thread_id), u64::from((*ts).native_thread_id)))
 }
