@@ -590,3 +590,32 @@ def test_bound_methods_pass_self_in_slot_zero():
     with callback(False):
         assert o.method(4) == "hit"
     assert got == [(o, 4)]
+
+
+def test_tracing_and_profiling_alongside_the_hook():
+    events = []
+
+    def tracer(frame, event, arg):
+        events.append((frame.f_code.co_name, event))
+        return tracer
+
+    _C.insert_entry(add.__code__, _C.CacheEntry(lambda a, b: ("hit", a, b), always_tree()))
+    rec = Recorder()
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with callback(rec):
+            assert outer(2) == ("hit", 2, 1) * 2
+            assert fact(4) == 24
+    finally:
+        sys.settrace(old)
+    sys.setprofile(lambda *a: None)
+    try:
+        with callback(False):
+            assert add(1, 2) == ("hit", 1, 2)
+    finally:
+        sys.setprofile(None)
+    assert ("outer", "call") in events and ("fact", "return") in events
+    assert ("add", "call") not in events  # replaced by its entry: never ran
+    # The trace function is a Python frame too (called by the interpreter): intercepted.
+    assert [n for n in rec.names() if n != "tracer"] == ["outer", "fact", "fact", "fact", "fact"]

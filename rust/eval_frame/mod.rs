@@ -72,13 +72,14 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
     let py = frame.py();
     let state = frame.code_state();
     let code = frame.code().to_owned();
-    if let Some(st) = state {
-        if st.at_limit() {
-            return match cache::limit_reached(&code, st) {
-                Ok(()) => FrameAction::RunDefault,
-                Err(e) => FrameAction::Return(Err(e)),
-            };
-        }
+    let at_limit = state.map_or(cache::cache_size_limit() == 0, |s| s.at_limit());
+    if at_limit {
+        let warned =
+            code_extra::state_or_init(&code).and_then(|st| cache::limit_reached(&code, st));
+        return match warned {
+            Ok(()) => FrameAction::RunDefault,
+            Err(e) => FrameAction::Return(Err(e)),
+        };
     }
     let Some(cb) = thread::callback(py) else {
         return FrameAction::RunDefault;
