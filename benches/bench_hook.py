@@ -76,6 +76,19 @@ def run(rounds: int = 30) -> list[dict]:
 
     from ferrodyn import _C
 
+    # One intra-op thread: on a small shared machine torch's thread pool makes the tensor case's
+    # timings mostly scheduler noise. Restored on exit.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(rounds, torch, torch_ef, _C)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(rounds, torch, torch_ef, _C) -> list[dict]:
+    import torch._dynamo
+
     rows = []
     t = interleaved_ns({
         "ferrodyn": _block(_C.set_eval_frame, a, 3),
