@@ -688,3 +688,24 @@ def test_threads_compiling_the_same_code_concurrently():
     assert len(entries) == min(len(compiles), _C.get_cache_size_limit())
     # Every call was either a hit or a compile (which ran its new entry without a lookup).
     assert sum(e.hits for e in entries) + len(compiles) == 4 * 500
+
+
+def test_callback_may_switch_callbacks_inside():
+    seen = []
+
+    def inner_cb(view):  # pragma: no cover - must never be called
+        seen.append(("inner", view.f_code.co_name))
+
+    def cb(view):
+        if view.f_code.co_filename != __file__:
+            return None
+        seen.append(("outer", view.f_code.co_name))
+        prev = _C.set_eval_frame(inner_cb)
+        add(0, 0)  # still inside the callback: not intercepted by either
+        assert _C.set_eval_frame(prev) is inner_cb
+        return None
+
+    with callback(cb):
+        assert outer(1) == 4
+    assert seen == [("outer", "outer"), ("outer", "add")]
+    assert _C._debug_hook_state()["active_threads"] == 0
