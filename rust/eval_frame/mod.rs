@@ -56,7 +56,14 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        if let Some(entry) = cache::lookup(py, st, &input) {
+        let (hit, failures) = cache::lookup(py, st, &input);
+        if failures > 0 {
+            // A failing guard may have swallowed an exception, released under the bare token
+            // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
+            // next attaches. Hits on the first entry (the common case) skip this.
+            Python::attach(|_| ());
+        }
+        if let Some(entry) = hit {
             let f = entry.get().func().bind(py).clone();
             return Some(FrameAction::Return(
                 frame.call_with_slots(&f).map(Bound::unbind),
