@@ -178,3 +178,31 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     debug::register(m)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CodeState;
+
+    #[test]
+    fn pre_check_offers_only_frames_with_work() {
+        let st = CodeState::default();
+        // Run-only: nothing to run without entries, with or without state.
+        assert!(!worth_offering(Mode::RunOnly, None));
+        assert!(!worth_offering(Mode::RunOnly, Some(&st)));
+        // A callback: every frame may compile.
+        assert!(worth_offering(Mode::Callback, None));
+        assert!(worth_offering(Mode::Callback, Some(&st)));
+        // SKIP wins over everything.
+        st.set_flag(CodeFlag::Skip);
+        assert!(!worth_offering(Mode::Callback, Some(&st)));
+        st.set_flag(CodeFlag::RunOnly);
+        assert!(worth_offering(Mode::Callback, Some(&st)));
+    }
+
+    #[test]
+    fn threads_start_with_the_hook_off() {
+        assert_eq!(thread_mode(0), Mode::Off);
+        assert_eq!(thread_mode(12345), Mode::Off);
+    }
+}
