@@ -98,7 +98,9 @@ def cache_entries(code: CodeType) -> list[CacheEntry]:
 
 def insert_entry(code: CodeType, entry: CacheEntry) -> None:
     """Insert an entry at the front of `code`'s cache (used by tests and by the converter's
-    recompile path); the per-code limit applies."""
+    recompile path); the per-code limit applies: at the limit the entry is not inserted and the
+    one-time RuntimeWarning is given. The entry function's own code (a Python function with
+    another code object) is marked SKIP, so a hit runs its frame directly."""
 
 def set_cache_size_limit(limit: int) -> None:
     """Entries per code object (default 8). Past it a frame of that code runs normally and a
