@@ -195,5 +195,8 @@ pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut Interpr
 #[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
 pub unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
     let ts = ts as *mut ThreadStateHead;
-    Some((u64::from((*ts).thread_id), u64::from((*ts).native_thread_id)))
+    Some((
+        u64::from((*ts).thread_id),
+        u64::from((*ts).native_thread_id),
+    ))
 }
