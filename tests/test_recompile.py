@@ -42,8 +42,10 @@ def fx_tracer(code, f_globals, f_builtins, args, closure, *, fullgraph=False):
         elif isinstance(a, torch.nn.Module):
             guards.append(GuardSpec.make(src, GuardKind.ID_MATCH, a))
             guards.append(GuardSpec.make(AttrSource(src, "training"), GuardKind.EQUALS, a.training))
-        else:
+        elif type(a) in (int, float, bool, str, type(None)):
             guards.append(GuardSpec.make(src, GuardKind.EQUALS, a))
+        else:
+            guards.append(GuardSpec.make(src, GuardKind.ID_MATCH, a))
     for n in code.co_names:
         v = f_globals.get(n)
         if type(v) in (bool, int):

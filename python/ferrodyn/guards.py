@@ -91,5 +91,9 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
             raise GuardCompileError(f"no guard leaf for kind {spec.kind!r}")
         if spec.source is None:
             raise GuardCompileError(f"{spec.kind.name} guard without a source")
-        leaf(builder, node_of(spec.source), spec)
+        node = node_of(spec.source)
+        try:
+            leaf(builder, node, spec)
+        except TypeError as e:  # a payload the leaf cannot hold (e.g. EQUALS on an object)
+            raise GuardCompileError(f"{spec.describe()}: {e}") from e
     return builder.build()
