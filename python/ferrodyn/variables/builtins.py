@@ -175,6 +175,9 @@ def _scalar(fn):
             v = tx.realize(args[0])
             if fn is bool:
                 return _c(v.truth(tx))
+            const = getattr(v, "const_value", None)
+            if const is not None and const(tx) is not None and len(args) == 1:
+                return _c(fold(fn, const(tx)))
             unsupported(f"{fn.__name__}() of {v.describe()}", BreakReason.DATA_DEPENDENT)
         return _c(fold(fn, *vals))
     return handler
@@ -346,6 +349,8 @@ class BuiltinVariable(VariableTracker):
                 if "positional argument" in str(e) or "keyword argument" in str(e):
                     unsupported(f"{self.describe()}: {e}", BreakReason.EXCEPTION)
                 raise
+        if isinstance(self.fn, type) and issubclass(self.fn, BaseException):
+            unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
         if self.fn in FOLDABLE:
             vals = _consts(tx, args)
             kvals = _consts(tx, list(kwargs.values()))
