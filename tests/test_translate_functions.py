@@ -175,3 +175,32 @@ def test_bound_method_as_frame_function():
     r = trace(Scaler.apply, s, x)
     from translate_harness import run_traced
     torch.testing.assert_close(run_traced(r, Scaler.apply, s, x), m(x))
+
+
+@dataclasses.dataclass
+class Doubled:
+    a: torch.Tensor
+    k: int = 1
+
+    def __post_init__(self):
+        self.k = self.k * 2
+
+
+class Plain:
+    def __init__(self, t):
+        self.t = t * 2
+        self.tag = "p"
+
+
+def f_returns_new_objects(x):
+    return Doubled(x, 3), Plain(x), [Point(x, 1)]
+
+
+def test_objects_created_in_frame_are_rebuilt_without_rerunning_init():
+    r = check(f_returns_new_objects, torch.randn(2))
+    from translate_harness import run_traced
+    d, p, pts = run_traced(r, f_returns_new_objects, torch.ones(2))
+    assert d.k == 6  # __post_init__ ran once (traced), not again on rebuild
+    assert type(p) is Plain and p.tag == "p"
+    torch.testing.assert_close(p.t, torch.full((2,), 2.0))
+    assert type(pts[0]) is Point
