@@ -154,3 +154,24 @@ def test_item_on_constant_after_inplace_is_refused():
         return x * t.item()
     with pytest.raises(Unsupported):
         trace(f, torch.randn(3))
+
+
+@torch.no_grad()
+def decorated_no_grad(x, w):
+    return x * w
+
+
+@torch.enable_grad()
+def decorated_enable_grad(x, w):
+    return x * w
+
+
+def calls_decorated(x, w):
+    with torch.no_grad():
+        b = decorated_enable_grad(x, w)
+    return decorated_no_grad(x, w), b, x * w
+
+
+def test_grad_mode_decorators():
+    r = check(calls_decorated, torch.randn(3), torch.randn(3, requires_grad=True))
+    assert count_ops(r, torch._C._set_grad_enabled) >= 4

@@ -155,7 +155,7 @@ def _build_constant_object(value: Any, source: Source | None) -> VariableTracker
 
 # Python functions inside torch that are user-level code to inline rather than graph ops
 # (they take modules or callables).
-_TORCH_INLINE_MODULES = ("torch.nn.modules.",)
+_TORCH_INLINE_MODULES = ("torch.nn.modules.", "torch.utils._contextlib")
 
 
 def _is_torch_user_code(fn: types.FunctionType) -> bool:
