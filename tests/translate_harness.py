@@ -116,6 +116,10 @@ def assert_same(a, b, *, rtol=1e-5, atol=1e-6):
     elif hasattr(a, "__dataclass_fields__"):
         for f in a.__dataclass_fields__:
             assert_same(getattr(a, f), getattr(b, f), rtol=rtol, atol=atol)
+    elif isinstance(a, torch.nn.Module):
+        assert_same(a.state_dict(), b.state_dict(), rtol=rtol, atol=atol)
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        assert_same(vars(a), vars(b), rtol=rtol, atol=atol)
     elif isinstance(a, float) and a != a:
         assert b != b
     else:

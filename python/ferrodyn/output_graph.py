@@ -40,6 +40,7 @@ class OutputGraph:
         self.guards: dict[GuardSpec, GuardSpec] = {}
         self.source_cache: dict[Source, VariableTracker] = {}
         self.notes: list[str] = []
+        self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
         self.install_guard(None, GuardKind.GLOBAL_STATE)

@@ -27,7 +27,21 @@ class Instruction:
     target: int | None  # index of the jump target in the decoded list, for jumps
 
 
-def decode(code: types.CodeType) -> list[Instruction]:
+_CACHE: dict[types.CodeType, tuple[Instruction, ...]] = {}
+_CACHE_LIMIT = 4096
+
+
+def decode(code: types.CodeType) -> tuple[Instruction, ...]:
+    """Decoded instructions of `code` (cached: instructions are immutable)."""
+    hit = _CACHE.get(code)
+    if hit is None:
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        hit = _CACHE[code] = tuple(_decode(code))
+    return hit
+
+
+def _decode(code: types.CodeType) -> list[Instruction]:
     raw = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
     index_of = {inst.offset: n for n, inst in enumerate(raw)}
     out = []

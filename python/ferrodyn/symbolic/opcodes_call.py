@@ -19,7 +19,7 @@ def PRECALL(tx, inst):
 
 @opcode()
 def KW_NAMES(tx, inst):
-    tx.kw_names = tuple(inst.argval)
+    tx.kw_names = tuple(tx.code.co_consts[inst.arg])
 
 
 def _call(tx, fn, args, kwargs):

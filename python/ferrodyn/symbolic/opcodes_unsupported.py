@@ -56,7 +56,7 @@ UNSUPPORTED: dict[str, Refusal] = {
     "DELETE_GLOBAL": Refusal(_SIDE, "deletion of a global"),
     "DELETE_ATTR": Refusal(_SIDE, "attribute deletion"),
     "DELETE_DEREF": Refusal(_SIDE, "deletion of a closure variable"),
-    "IMPORT_STAR": Refusal(_SIDE, "from m import *"),
+    "IMPORT_STAR": Refusal(_SIDE, "from m import *", **_V311),
     # module / class bodies (never a traced function frame)
     "LOAD_NAME": Refusal(_OP, "module/class-body name lookup"),
     "STORE_NAME": Refusal(_OP, "module/class-body name store"),
@@ -67,7 +67,7 @@ UNSUPPORTED: dict[str, Refusal] = {
     "LOAD_FROM_DICT_OR_GLOBALS": Refusal(_OP, "class body / type parameters", **_V312),
     "LOAD_BUILD_CLASS": Refusal(_OP, "class statement"),
     "SETUP_ANNOTATIONS": Refusal(_OP, "module/class annotations"),
-    "PRINT_EXPR": Refusal(_OP, "interactive-mode expression"),
+    "PRINT_EXPR": Refusal(_OP, "interactive-mode expression", **_V311),
     # sets (no set tracker yet)
     "BUILD_SET": Refusal(BreakReason.UNSUPPORTED_TYPE, "set display"),
     "SET_ADD": Refusal(BreakReason.UNSUPPORTED_TYPE, "set comprehension"),

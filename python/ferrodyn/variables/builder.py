@@ -75,7 +75,13 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format):
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)
-    if t in (torch.device, slice, range, torch.Size) and is_constant_value(value):
+    if t is slice and is_constant_value(value):
+        from ferrodyn.source import AttrSource
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        for part in ("start", "stop", "step"):  # slices are unhashable before 3.12
+            build(tx, getattr(value, part), AttrSource(source, part))
+        return ConstantVariable(source=source, value=value)
+    if t in (torch.device, range, torch.Size) and is_constant_value(value):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)
         return ConstantVariable(source=source, value=value)
@@ -149,7 +155,7 @@ def _build_constant_object(value: Any, source: Source | None) -> VariableTracker
 
 # Python functions inside torch that are user-level code to inline rather than graph ops
 # (they take modules or callables).
-_TORCH_INLINE_MODULES = ("torch.nn.modules.",)
+_TORCH_INLINE_MODULES = ("torch.nn.modules.", "torch.utils._contextlib")
 
 
 def _is_torch_user_code(fn: types.FunctionType) -> bool:

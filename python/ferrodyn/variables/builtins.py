@@ -175,6 +175,9 @@ def _scalar(fn):
             v = tx.realize(args[0])
             if fn is bool:
                 return _c(v.truth(tx))
+            const = getattr(v, "const_value", None)
+            if const is not None and const(tx) is not None and len(args) == 1:
+                return _c(fold(fn, const(tx)))
             unsupported(f"{fn.__name__}() of {v.describe()}", BreakReason.DATA_DEPENDENT)
         return _c(fold(fn, *vals))
     return handler
@@ -243,6 +246,17 @@ def _slice(tx, *args):
     return _c(slice(*[_const_arg(tx, a, "slice") for a in args]))
 
 
+def _tuple_new(tx, cls, iterable=None):
+    from ferrodyn.variables.user_objects import NamedTupleVariable, is_namedtuple_class
+    klass = _const_arg(tx, cls, "tuple.__new__")
+    items = _items(tx, iterable) if iterable is not None else []
+    if klass is tuple:
+        return TupleVariable(items=tuple(items))
+    if is_namedtuple_class(klass):
+        return NamedTupleVariable.make(klass, items)
+    unsupported(f"tuple.__new__({klass.__name__})", BreakReason.UNSUPPORTED_BUILTIN)
+
+
 def _unsupported(name, reason):
     def handler(tx, *args, **kwargs):
         unsupported(f"{name}()", reason)
@@ -285,6 +299,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
+    tuple.__new__: _tuple_new,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
     operator.index: _scalar(operator.index),
     operator.not_: lambda tx, a: _c(not tx.realize(a).truth(tx)),
@@ -346,6 +361,8 @@ class BuiltinVariable(VariableTracker):
                 if "positional argument" in str(e) or "keyword argument" in str(e):
                     unsupported(f"{self.describe()}: {e}", BreakReason.EXCEPTION)
                 raise
+        if isinstance(self.fn, type) and issubclass(self.fn, BaseException):
+            unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
         if self.fn in FOLDABLE:
             vals = _consts(tx, args)
             kvals = _consts(tx, list(kwargs.values()))

@@ -68,6 +68,38 @@ class NNModuleVariable(UserObjectVariable):
         forward = tx.realize(self.var_getattr(tx, "forward"))
         return forward.call_function(tx, args, kwargs)
 
+    def var_getattr(self, tx, name):
+        handler = _TREE_METHODS.get(name)
+        if handler is not None and getattr(type(self.value), name, None) is \
+                getattr(torch.nn.Module, name):
+            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+        return super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        handler = _TREE_METHODS.get(name)
+        if handler is not None and getattr(type(self.value), name, None) is \
+                getattr(torch.nn.Module, name):
+            return handler(tx, self, *args, **kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+    def _children(self, tx, dict_name: str) -> list[tuple[str, VariableTracker]]:
+        """(name, lazy tracker) of `_modules`/`_parameters`/`_buffers`, keys guarded."""
+        from ferrodyn.variables.functions import _lazy
+        d = self.value.__dict__[dict_name]
+        src = _sub(self.source, lambda s: ItemSource(DictOfSource(s), dict_name))
+        if src is not None:
+            tx.output.install_guard(src, GuardKind.DICT_KEYS, tuple(d))
+        return [(k, _lazy(v, ItemSource(src, k) if src else None)) for k, v in d.items()
+                if v is not None]
+
+    def walk(self, tx, prefix: str = "") -> list[tuple[str, "NNModuleVariable"]]:
+        out = [(prefix, self)]
+        for k, child in self._children(tx, "_modules"):
+            child = tx.realize(child)
+            out.extend(child.walk(tx, f"{prefix}.{k}" if prefix else k))
+        return out
+
     def getitem(self, tx, index):
         handler = _GETITEM.get(type(self.value).__getitem__)
         if handler is not None:
@@ -98,6 +130,62 @@ def _seq_getitem(tx, mod: NNModuleVariable, index: VariableTracker) -> VariableT
             unsupported("slicing an nn.Sequential", BreakReason.UNSUPPORTED_CALL)
         return TupleVariable(items=tuple(got))
     return got
+
+
+def _named_tensors(dict_name):
+    def handler(tx, mod, prefix=None, recurse=None, remove_duplicate=None):
+        from ferrodyn.variables.constant import ConstantVariable
+        from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+        rec = True if recurse is None else recurse.as_python_constant()
+        mods = mod.walk(tx) if rec else [("", mod)]
+        out, seen = [], set()
+        for path, m in mods:
+            for k, v in m._children(tx, dict_name):
+                if id(v.value) in seen:
+                    continue
+                seen.add(id(v.value))
+                name = f"{path}.{k}" if path else k
+                out.append(TupleVariable(items=(ConstantVariable(value=name), v)))
+        return IteratorVariable.over(out)
+    return handler
+
+
+def _values(named):
+    def handler(tx, mod, *args, **kwargs):
+        from ferrodyn.variables.lists import IteratorVariable
+        return IteratorVariable.over(t.items[1] for t in named(tx, mod, *args, **kwargs).unpack(tx))
+    return handler
+
+
+def _named_modules(tx, mod, memo=None, prefix=None, remove_duplicate=None):
+    from ferrodyn.variables.constant import ConstantVariable
+    from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+    out, seen = [], set()
+    for path, m in mod.walk(tx):
+        if id(m.value) in seen:
+            continue
+        seen.add(id(m.value))
+        out.append(TupleVariable(items=(ConstantVariable(value=path), m)))
+    return IteratorVariable.over(out)
+
+
+def _named_children(tx, mod):
+    from ferrodyn.variables.constant import ConstantVariable
+    from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+    return IteratorVariable.over(TupleVariable(items=(ConstantVariable(value=k), v))
+                                 for k, v in mod._children(tx, "_modules"))
+
+
+_TREE_METHODS: dict[str, Callable] = {
+    "named_parameters": _named_tensors("_parameters"),
+    "named_buffers": _named_tensors("_buffers"),
+    "parameters": _values(_named_tensors("_parameters")),
+    "buffers": _values(_named_tensors("_buffers")),
+    "named_modules": _named_modules,
+    "modules": _values(_named_modules),
+    "named_children": _named_children,
+    "children": _values(_named_children),
+}
 
 
 _GETITEM: dict[Callable, Callable] = {

@@ -60,6 +60,15 @@ class TensorVariable(VariableTracker):
     node: torch.fx.Node = None  # type: ignore[assignment]
     example: Any = None
     cls: type = torch.Tensor
+    # For tensors made by a factory from constants (`torch.tensor(3.0)`): the real value,
+    # valid until any in-place op is recorded (epoch), so `.item()` can fold.
+    const: Any = None
+    const_epoch: int = -1
+
+    def const_value(self, tx) -> Any:
+        if self.const is not None and self.const_epoch == tx.output.mutation_epoch:
+            return self.const
+        return None
 
     def python_type(self) -> type:
         return self.cls
@@ -88,6 +97,9 @@ class TensorVariable(VariableTracker):
         return call_tensor_method(tx, self, name, args, kwargs)
 
     def truth(self, tx):
+        const = self.const_value(tx)
+        if const is not None:
+            return bool(const)
         unsupported(f"truth value of {self.describe()}", BreakReason.DATA_DEPENDENT)
 
     def length(self, tx):
@@ -131,7 +143,17 @@ class TensorMethodVariable(VariableTracker):
         return call_tensor_method(tx, self.tensor, self.name, args, kwargs)
 
 
+_CONST_FOLDABLE_METHODS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__",
+                                     "__index__"})
+CONST_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.full,
+                             torch.zeros, torch.ones, torch.arange, torch.linspace, torch.eye})
+
+
 def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> VariableTracker:
+    const = tensor.const_value(tx)
+    if const is not None and name in _CONST_FOLDABLE_METHODS and not args and not kwargs:
+        from ferrodyn.variables.constant import fold, wrap_constant
+        return wrap_constant(fold(getattr(const, name)))
     if name in REFUSED_METHODS:
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
@@ -184,7 +206,34 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
             unsupported(f"{name}: {e}", BreakReason.DATA_DEPENDENT)
         unsupported(f"{name} raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
     node = tx.output.create_node(kind, target, tuple(pa), pk)
-    return wrap_graph_value(tx, node, example, name)
+    if _is_inplace(kind, target) or "out" in ek or ek.get("inplace") is True:
+        tx.output.mutation_epoch += 1
+    result = wrap_graph_value(tx, node, example, name)
+    if kind == "call_function" and target in CONST_FACTORIES and \
+            isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]):
+        try:
+            real = target(*ea, **ek)
+        except Exception:
+            return result
+        return TensorVariable(node=result.node, example=result.example, cls=result.cls,
+                              const=real, const_epoch=tx.output.mutation_epoch)
+    return result
+
+
+_INPLACE_OPERATORS = frozenset({
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul, operator.ilshift,
+    operator.irshift, operator.iand, operator.ior, operator.ixor,
+})
+
+
+def _is_inplace(kind: str, target: Any) -> bool:
+    if kind == "call_method":
+        return target.endswith("_") and not target.endswith("__")
+    if target in _INPLACE_OPERATORS:
+        return True
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _contains_tensor(value: Any) -> bool:

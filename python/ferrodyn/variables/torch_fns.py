@@ -61,6 +61,20 @@ def _assert(tx, args, kwargs):
     unsupported("torch._assert failed at trace time", BreakReason.EXCEPTION)
 
 
+def _ctx_clone(tx, args, kwargs):
+    """`ctx.clone()` of a grad-mode decorator instance (`@torch.no_grad()` wrappers call it to
+    make a fresh context per call)."""
+    from ferrodyn.variables.ctx_managers import GradModeVariable
+    value = getattr(tx.realize(args[0]), "value", None)
+    if type(value) is torch.no_grad:
+        return GradModeVariable.create(tx, False)
+    if type(value) is torch.enable_grad:
+        return GradModeVariable.create(tx, True)
+    if type(value) is torch.set_grad_enabled:
+        return GradModeVariable.create(tx, bool(value.mode), eager_set=True)
+    unsupported(f"clone of context manager {type(value).__name__}", BreakReason.UNSUPPORTED_CALL)
+
+
 def _const_result(value):
     return lambda tx, args, kwargs: _c(value)
 
@@ -93,6 +107,8 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.compiler.is_compiling: _const_result(True),
     torch.compiler.is_dynamo_compiling: _const_result(True),
     torch._assert: _assert,
+    torch.utils._contextlib._DecoratorContextManager.clone: _ctx_clone,
+    torch.set_grad_enabled.clone: _ctx_clone,
     torch.Size: _fold(torch.Size),
     torch.device: _fold(torch.device),
     torch.finfo: _fold(torch.finfo),

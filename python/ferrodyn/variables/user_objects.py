@@ -229,14 +229,25 @@ class NewObjectVariable(ObjectLike):
         self.state.attrs[name] = value
 
     def reconstruct(self, tx):
-        if dataclasses.is_dataclass(self.cls):
-            fields = [f for f in dataclasses.fields(self.cls)]
-            names = tuple(f.name for f in fields)
-            if all(f.init for f in fields) and set(self.state.attrs) == set(names):
-                return OutCall(self.cls, tuple(tx.realize(self.state.attrs[n]).reconstruct(tx)
-                                               for n in names), names)
-        unsupported(f"returning a {self.cls.__name__} object created in the frame",
-                    BreakReason.UNSUPPORTED_TYPE)
+        """Rebuilt without running `__init__` again (its effects were traced): a new instance
+        gets the traced attributes. Only for classes with a plain `__dict__`."""
+        from ferrodyn.trace_result import OutConst
+        if "__slots__" in vars(self.cls) or lookup_class_attr(self.cls, "__new__") not in \
+                (object.__new__, _ABSENT):
+            unsupported(f"returning a {self.cls.__name__} object created in the frame",
+                        BreakReason.UNSUPPORTED_TYPE)
+        names = tuple(self.state.attrs)
+        values = tuple(tx.realize(self.state.attrs[n]).reconstruct(tx) for n in names)
+        return OutCall(rebuild_object, (OutConst(self.cls), OutConst(names), OutTuple(values)))
+
+
+def rebuild_object(cls: type, names: tuple, values: tuple) -> Any:
+    """An instance of `cls` with the given attributes, made without calling `__init__`
+    (used by generated entry functions to return objects created in a traced frame)."""
+    obj = object.__new__(cls)
+    for name, value in zip(names, values):
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 @dataclass(frozen=True, eq=False)
@@ -293,7 +304,9 @@ class NamedTupleVariable(TupleVariable):
         items = tuple(tx.realize(i).reconstruct(tx) for i in self.items)
         if self.structseq:
             return OutCall(self.cls, (OutTuple(items),))
-        return OutCall(self.cls, items)
+        # `_make` builds with tuple.__new__: no user `__new__` frame runs (which would be
+        # intercepted and, inside that very frame's entry, recurse)
+        return OutCall(self.cls._make, (OutTuple(items),))
 
 
 def is_namedtuple_class(cls: Any) -> bool:
