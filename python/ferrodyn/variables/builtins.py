@@ -10,6 +10,7 @@ Does not own operators between trackers (operators.py), which several entries de
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import operator
 import warnings
@@ -257,6 +258,11 @@ def _tuple_new(tx, cls, iterable=None):
     unsupported(f"tuple.__new__({klass.__name__})", BreakReason.UNSUPPORTED_BUILTIN)
 
 
+def _partial(tx, func, *args, **kwargs):
+    from ferrodyn.variables.functions import PartialVariable
+    return PartialVariable(func=tx.realize(func), args=tuple(args), keywords=dict(kwargs))
+
+
 def _unsupported(name, reason):
     def handler(tx, *args, **kwargs):
         unsupported(f"{name}()", reason)
@@ -300,6 +306,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
     tuple.__new__: _tuple_new,
+    functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
     operator.index: _scalar(operator.index),
     operator.not_: lambda tx, a: _c(not tx.realize(a).truth(tx)),
