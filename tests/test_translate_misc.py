@@ -85,3 +85,22 @@ def test_tensor_indexing_forms():
         return (x[idx], x[[0, 2]], x[x > 0.5] if False else x[1:3, None],
                 x[..., 0], x[torch.tensor([1, 0])])
     check(f, torch.randn(4, 3), torch.tensor([0, 1]))
+
+
+def sets(x, names, flags):
+    s = {1, 2, 3}
+    s.add(4)
+    s.discard(1)
+    t = set([3, 4, 5]) | {9}
+    u = {n * 2 for n in range(4)}
+    s |= {10}
+    common = s & t
+    k = x
+    for v in sorted(common):
+        k = k + v
+    return (k, s, t - s, u, len(s), 3 in s, "a" in names, common == {3, 4},
+            frozenset(s) == frozenset(s), names, flags)
+
+
+def test_sets():
+    r = check(sets, torch.randn(2), {"a", "b"}, frozenset({"x"}))

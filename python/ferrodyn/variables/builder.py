@@ -73,6 +73,11 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)
         return ConstantVariable(source=source, value=value)
+    if t is set and all(is_constant_value(v) for v in value):
+        from ferrodyn.variables.sets import SetState, SetVariable
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.EQUALS, frozenset(value))
+        return SetVariable(source=source, state=SetState(set(value), existing=True))
     if t is frozenset and is_constant_value(value):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)

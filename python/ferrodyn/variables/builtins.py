@@ -263,6 +263,16 @@ def _partial(tx, func, *args, **kwargs):
     return PartialVariable(func=tx.realize(func), args=tuple(args), keywords=dict(kwargs))
 
 
+def _set(tx, iterable=None):
+    from ferrodyn.variables.sets import SetVariable, elements
+    return SetVariable.new(elements(tx, iterable) if iterable is not None else ())
+
+
+def _frozenset(tx, iterable=None):
+    from ferrodyn.variables.sets import elements
+    return _c(frozenset(elements(tx, iterable) if iterable is not None else ()))
+
+
 def _unsupported(name, reason):
     def handler(tx, *args, **kwargs):
         unsupported(f"{name}()", reason)
@@ -306,6 +316,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
     tuple.__new__: _tuple_new,
+    set: _set, frozenset: _frozenset,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
     operator.index: _scalar(operator.index),
