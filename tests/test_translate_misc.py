@@ -104,3 +104,18 @@ def sets(x, names, flags):
 
 def test_sets():
     r = check(sets, torch.randn(2), {"a", "b"}, frozenset({"x"}))
+
+
+def iters(x, xs):
+    import itertools
+    out = x
+    for a, b in itertools.product(range(2), [1, 2]):
+        out = out + a * b
+    chained = list(itertools.chain(xs, [x]))
+    reps = list(itertools.repeat(2, 3))
+    first_two = list(itertools.islice(xs, 2))
+    return out, len(chained), reps, first_two, x.__class__ is torch.Tensor
+
+
+def test_itertools_and_class():
+    check(iters, torch.randn(2), [torch.randn(2), torch.randn(2), torch.randn(2)])

@@ -80,6 +80,9 @@ class TensorVariable(VariableTracker):
         return f"tensor {self.node.name}"
 
     def var_getattr(self, tx, name):
+        if name == "__class__":
+            from ferrodyn.variables.builder import build_unsourced
+            return build_unsourced(self.cls)
         if name in CONST_ATTRS:
             return ConstantVariable(value=getattr(self.example, name))
         if name in GRAPH_ATTRS:
