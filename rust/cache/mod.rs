@@ -32,11 +32,24 @@ pub struct CacheEntry {
 impl CacheEntry {
     #[new]
     #[pyo3(signature = (r#fn, guards, *, backend_id = 0, compile_id = String::new()))]
-    fn py_new(r#fn: Bound<'_, PyAny>, guards: Bound<'_, GuardTree>, backend_id: i64, compile_id: String) -> PyResult<Self> {
+    fn py_new(
+        r#fn: Bound<'_, PyAny>,
+        guards: Bound<'_, GuardTree>,
+        backend_id: i64,
+        compile_id: String,
+    ) -> PyResult<Self> {
         if !r#fn.is_callable() {
-            return Err(pyo3::exceptions::PyTypeError::new_err("CacheEntry: fn must be callable"));
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "CacheEntry: fn must be callable",
+            ));
         }
-        Ok(CacheEntry { func: r#fn.unbind(), guards: guards.unbind(), backend_id, compile_id, hits: AtomicU64::new(0) })
+        Ok(CacheEntry {
+            func: r#fn.unbind(),
+            guards: guards.unbind(),
+            backend_id,
+            compile_id,
+            hits: AtomicU64::new(0),
+        })
     }
 
     #[getter(r#fn)]
@@ -65,8 +78,17 @@ impl CacheEntry {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let f = self.func.bind(py).repr().map(|r| r.to_string()).unwrap_or_default();
-        format!("<CacheEntry fn={f} compile_id={:?} hits={}>", self.compile_id, self.hits())
+        let f = self
+            .func
+            .bind(py)
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        format!(
+            "<CacheEntry fn={f} compile_id={:?} hits={}>",
+            self.compile_id,
+            self.hits()
+        )
     }
 }
 
@@ -77,7 +99,7 @@ impl CacheEntry {
     }
 
     fn record_hit(&self) {
-        self.hits.fetch_add(1, Ordering::Relaxed);
+        bump(&self.hits);
     }
 }
 
@@ -107,6 +129,8 @@ impl CodeFlag {
 #[derive(Default)]
 pub struct CodeState {
     entries: Mutex<EntryList<EntryRef>>,
+    /// The list's length, readable without the lock (the hook's pre-check).
+    len: AtomicUsize,
     flag: AtomicU8,
     warned: AtomicBool,
 }
@@ -130,6 +154,11 @@ impl CodeState {
         self.flag.store(f as u8, Ordering::Relaxed);
     }
 
+    /// No entries (read without the lock; exact whenever no insert/reset runs concurrently).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     pub fn snapshot(&self) -> Arc<Vec<EntryRef>> {
         self.lock().snapshot()
     }
@@ -144,7 +173,12 @@ impl CodeState {
     /// frame; the frames it calls are intercepted as usual.
     pub fn insert(&self, code: &Bound<'_, PyCode>, entry: EntryRef) -> bool {
         mark_entry_code_skip(code, entry.get());
-        let refused = self.lock().insert_front(entry, cache_size_limit()).err();
+        let refused = {
+            let mut l = self.lock();
+            let r = l.insert_front(entry, cache_size_limit()).err();
+            self.len.store(l.len(), Ordering::Relaxed);
+            r
+        };
         match refused {
             None => {
                 ENTRIES.fetch_add(1, Ordering::Relaxed);
@@ -163,7 +197,11 @@ impl CodeState {
 
     /// Drop every entry and clear the flags.
     fn clear(&self) {
-        let old = self.lock().take_all();
+        let old = {
+            let mut l = self.lock();
+            self.len.store(0, Ordering::Relaxed);
+            l.take_all()
+        };
         self.set_flag(CodeFlag::Default);
         self.warned.store(false, Ordering::Relaxed);
         ENTRIES.fetch_sub(old.len() as i64, Ordering::Relaxed);
@@ -178,7 +216,11 @@ impl CodeState {
 
 impl Drop for CodeState {
     fn drop(&mut self) {
-        let n = self.entries.get_mut().map(|l| l.len()).unwrap_or_else(|p| p.into_inner().len());
+        let n = self
+            .entries
+            .get_mut()
+            .map(|l| l.len())
+            .unwrap_or_else(|p| p.into_inner().len());
         ENTRIES.fetch_sub(n as i64, Ordering::Relaxed);
     }
 }
@@ -211,9 +253,16 @@ pub fn cache_size_limit() -> usize {
     LIMIT.load(Ordering::Relaxed)
 }
 
+/// Add one to a counter that is only written with the GIL held: a plain load and store (no
+/// locked read-modify-write on the hot path); the GIL serialises the writers.
+#[inline]
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
 /// Count one callback call (a miss that consulted the callback).
 pub fn count_miss() {
-    MISSES.fetch_add(1, Ordering::Relaxed);
+    bump(&MISSES);
 }
 
 /// The first entry of `state` whose guards pass on `input`, moved to the front (a hit), or None.
@@ -223,13 +272,13 @@ pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> 
         let entry = e.get();
         if entry.guards.get().check_input(py, input) {
             entry.record_hit();
-            HITS.fetch_add(1, Ordering::Relaxed);
+            bump(&HITS);
             if i != 0 {
                 state.promote(e);
             }
             return Some(Arc::clone(e));
         }
-        GUARD_FAILURES.fetch_add(1, Ordering::Relaxed);
+        bump(&GUARD_FAILURES);
     }
     None
 }
@@ -237,7 +286,7 @@ pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> 
 /// `code` is at the limit and a frame of it will run normally: count it, and warn once per
 /// code object. An error means the warning was turned into an exception (warnings filter).
 pub fn limit_reached(code: &Bound<'_, PyCode>, state: &CodeState) -> PyResult<()> {
-    LIMIT_REACHED.fetch_add(1, Ordering::Relaxed);
+    bump(&LIMIT_REACHED);
     if state.first_warning() {
         warn_limit(code)?;
     }
@@ -246,9 +295,18 @@ pub fn limit_reached(code: &Bound<'_, PyCode>, state: &CodeState) -> PyResult<()
 
 fn warn_limit(code: &Bound<'_, PyCode>) -> PyResult<()> {
     let py = code.py();
-    let name: String = code.getattr("co_qualname").and_then(|n| n.extract()).unwrap_or_else(|_| "?".into());
-    let file: String = code.getattr("co_filename").and_then(|n| n.extract()).unwrap_or_else(|_| "?".into());
-    let line: i64 = code.getattr("co_firstlineno").and_then(|n| n.extract()).unwrap_or(0);
+    let name: String = code
+        .getattr("co_qualname")
+        .and_then(|n| n.extract())
+        .unwrap_or_else(|_| "?".into());
+    let file: String = code
+        .getattr("co_filename")
+        .and_then(|n| n.extract())
+        .unwrap_or_else(|_| "?".into());
+    let line: i64 = code
+        .getattr("co_firstlineno")
+        .and_then(|n| n.extract())
+        .unwrap_or(0);
     let limit = cache_size_limit();
     let msg = format!(
         "ferrodyn: function '{name}' ({file}:{line}) reached the cache size limit ({limit} entries); \
@@ -260,7 +318,8 @@ fn warn_limit(code: &Bound<'_, PyCode>) -> PyResult<()> {
 }
 
 fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCode>> {
-    code.cast::<PyCode>().map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
+    code.cast::<PyCode>()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
 }
 
 #[pyfunction]

@@ -12,7 +12,9 @@ pub struct EntryList<T> {
 
 impl<T> Default for EntryList<T> {
     fn default() -> Self {
-        EntryList { items: Arc::new(Vec::new()) }
+        EntryList {
+            items: Arc::new(Vec::new()),
+        }
     }
 }
 

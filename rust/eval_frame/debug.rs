@@ -26,7 +26,10 @@ fn _debug_last_frame(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 #[pyfunction]
-fn _debug_code_fields<'py>(py: Python<'py>, code: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+fn _debug_code_fields<'py>(
+    py: Python<'py>,
+    code: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
     let code = code.cast::<PyCode>()?;
     let d = PyDict::new(py);
     for (k, v) in hook::debug_code_fields(code) {

@@ -20,13 +20,30 @@ use crate::guards::{GuardInput, Locals};
 pub use thread::{thread_mode, Mode};
 pub use view::FrameView;
 
-/// Decide what runs for one intercepted frame (called by the hook with the GIL held).
-pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
+/// The hook's pre-check, before it attaches to Python: false when the frame certainly runs
+/// unchanged (its code is SKIP, or this thread only runs cached entries and the code has none).
+#[inline]
+pub fn worth_offering(mode: Mode, state: Option<&crate::cache::CodeState>) -> bool {
+    match state {
+        Some(st) if st.flag() == CodeFlag::Skip => false,
+        Some(st) => mode == Mode::Callback || !st.is_empty(),
+        None => mode == Mode::Callback,
+    }
+}
+
+/// The hit path: decide from the cache alone. `Some(action)` when decided (SKIP code, a hit,
+/// or nothing more to do), `None` when the miss path must run. Called by the hook without a
+/// pyo3 attach guard (the GIL is held), so it creates no `Py<T>` it would drop: objects it
+/// handles are borrowed or `Bound`.
+pub fn on_frame_cached(
+    frame: &InterceptedFrame<'_>,
+    state: Option<&crate::cache::CodeState>,
+    mode: Mode,
+) -> Option<FrameAction> {
     let py = frame.py();
-    let state = frame.code_state();
     if let Some(st) = state {
         if st.flag() == CodeFlag::Skip {
-            return FrameAction::RunDefault;
+            return Some(FrameAction::RunDefault);
         }
         let globals = frame.globals();
         let builtins = frame.builtins();
@@ -35,16 +52,25 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
             locals: Locals::Slots(frame.arg_slots()),
             globals: Some(&*globals),
             builtins: Some(&*builtins),
-            closure: closure.as_ref().map(|c| &**c),
+            closure: closure.as_deref(),
         };
         if let Some(entry) = cache::lookup(py, st, &input) {
             let f = entry.get().func().bind(py).clone();
-            return FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind));
+            return Some(FrameAction::Return(
+                frame.call_with_slots(&f).map(Bound::unbind),
+            ));
         }
     }
     if mode != Mode::Callback || state.is_some_and(|s| s.flag() == CodeFlag::RunOnly) {
-        return FrameAction::RunDefault;
+        return Some(FrameAction::RunDefault);
     }
+    None
+}
+
+/// The miss path (a callback is set and no entry passed): the limit, then the callback.
+pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
+    let py = frame.py();
+    let state = frame.code_state();
     let code = frame.code().to_owned();
     if let Some(st) = state {
         if st.at_limit() {
@@ -54,7 +80,9 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
             };
         }
     }
-    let Some(cb) = thread::callback(py) else { return FrameAction::RunDefault };
+    let Some(cb) = thread::callback(py) else {
+        return FrameAction::RunDefault;
+    };
     cache::count_miss();
     debug::record_frame(frame.debug_fields());
     let result = thread::with_callback_off(|| -> PyResult<Option<Bound<'_, CacheEntry>>> {
@@ -67,7 +95,11 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
             Ok(e) => Ok(Some(e)),
             Err(e) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "ferrodyn: the frame callback must return a CacheEntry or None, got {}",
-                e.into_inner().get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                e.into_inner()
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             ))),
         }
     });
@@ -92,7 +124,8 @@ pub fn on_frame(frame: &InterceptedFrame<'_>, mode: Mode) -> FrameAction {
 }
 
 fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCode>> {
-    code.cast::<PyCode>().map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
+    code.cast::<PyCode>()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
 }
 
 #[pyfunction]
@@ -119,7 +152,10 @@ fn run_only_code(code: Bound<'_, PyAny>) -> PyResult<()> {
 
 #[pyfunction]
 fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(code_extra::state(as_code(&code)?).map(|s| s.flag()).unwrap_or(CodeFlag::Default).name())
+    Ok(code_extra::state(as_code(&code)?)
+        .map(|s| s.flag())
+        .unwrap_or(CodeFlag::Default)
+        .name())
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -36,7 +36,12 @@ struct ThreadHook {
     holder: u64,
 }
 
-const OFF: ThreadHook = ThreadHook { mode: Mode::Off, in_callback: false, tstate: 0, holder: 0 };
+const OFF: ThreadHook = ThreadHook {
+    mode: Mode::Off,
+    in_callback: false,
+    tstate: 0,
+    holder: 0,
+};
 
 thread_local! {
     static HOOK: Cell<ThreadHook> = const { Cell::new(OFF) };
@@ -70,14 +75,16 @@ pub struct CallbackHolder {
 impl Drop for CallbackHolder {
     fn drop(&mut self) {
         // Dropped with the GIL held: by set_eval_frame(None) or when the thread state is cleared.
-        let mine = HOOK.try_with(|h| h.get().holder == self.id).unwrap_or(false);
+        let mine = HOOK
+            .try_with(|h| h.get().holder == self.id)
+            .unwrap_or(false);
         if mine {
             let _ = HOOK.try_with(|h| h.set(OFF));
             let old = CALLBACK.try_with(|c| c.borrow_mut().take()).ok().flatten();
             drop(old);
         }
         if ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1 {
-            Python::attach(hook::uninstall);
+            let _ = Python::try_attach(hook::uninstall);
         }
     }
 }
@@ -91,7 +98,9 @@ pub fn current(py: Python<'_>) -> Py<PyAny> {
     match h.mode {
         Mode::Off => py.None(),
         Mode::RunOnly => PyBool::new(py, false).to_owned().into_any().unbind(),
-        Mode::Callback => CALLBACK.with(|c| c.borrow().as_ref().map(|c| c.clone_ref(py))).unwrap_or_else(|| py.None()),
+        Mode::Callback => CALLBACK
+            .with(|c| c.borrow().as_ref().map(|c| c.clone_ref(py)))
+            .unwrap_or_else(|| py.None()),
     }
 }
 
@@ -106,7 +115,9 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         Mode::Off
     } else if new.is_instance_of::<PyBool>() {
         if new.is_truthy()? {
-            return Err(PyTypeError::new_err("set_eval_frame: expected None, False or a callable, got True"));
+            return Err(PyTypeError::new_err(
+                "set_eval_frame: expected None, False or a callable, got True",
+            ));
         }
         Mode::RunOnly
     } else if new.is_callable() {
@@ -119,16 +130,29 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     };
     let prev = current(py);
     let tstate = hook::current_thread_state(py);
-    let dict = hook::thread_state_dict(py)
-        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("ferrodyn: no thread state dict"))?;
+    let dict = hook::thread_state_dict(py).ok_or_else(|| {
+        pyo3::exceptions::PyRuntimeError::new_err("ferrodyn: no thread state dict")
+    })?;
     let old_cb = CALLBACK.with(|c| {
         let mut c = c.borrow_mut();
-        std::mem::replace(&mut *c, if mode == Mode::Callback { Some(new.clone().unbind()) } else { None })
+        std::mem::replace(
+            &mut *c,
+            if mode == Mode::Callback {
+                Some(new.clone().unbind())
+            } else {
+                None
+            },
+        )
     });
     let h = HOOK.with(|h| h.get());
     let has_holder = h.holder != 0 && h.tstate == tstate && dict.contains(HOLDER_KEY)?;
     if mode == Mode::Off {
-        HOOK.with(|c| c.set(ThreadHook { in_callback: h.in_callback && h.tstate == tstate, ..OFF }));
+        HOOK.with(|c| {
+            c.set(ThreadHook {
+                in_callback: h.in_callback && h.tstate == tstate,
+                ..OFF
+            })
+        });
         if has_holder {
             dict.del_item(HOLDER_KEY)?; // drops the holder: count down, maybe uninstall
         }
@@ -139,11 +163,25 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
             let id = NEXT_HOLDER.fetch_add(1, Ordering::Relaxed);
             ACTIVE.fetch_add(1, Ordering::AcqRel);
             // Set the TLS first so a holder left over from an earlier thread state is not "mine".
-            HOOK.with(|c| c.set(ThreadHook { mode, in_callback: h.in_callback, tstate, holder: id }));
+            HOOK.with(|c| {
+                c.set(ThreadHook {
+                    mode,
+                    in_callback: h.in_callback,
+                    tstate,
+                    holder: id,
+                })
+            });
             dict.set_item(HOLDER_KEY, Py::new(py, CallbackHolder { id })?)?;
             id
         };
-        HOOK.with(|c| c.set(ThreadHook { mode, in_callback: h.in_callback && h.tstate == tstate, tstate, holder }));
+        HOOK.with(|c| {
+            c.set(ThreadHook {
+                mode,
+                in_callback: h.in_callback && h.tstate == tstate,
+                tstate,
+                holder,
+            })
+        });
         hook::install(py);
     }
     drop(old_cb); // last: may run Python code

@@ -24,7 +24,11 @@ impl FrameView {
         for i in 0..slots.len() {
             match slots.get(py, i) {
                 Some(v) => items.push(v.to_owned()),
-                None => return Err(pyo3::exceptions::PyRuntimeError::new_err("ferrodyn: unbound argument slot")),
+                None => {
+                    return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                        "ferrodyn: unbound argument slot",
+                    ))
+                }
             }
         }
         Ok(FrameView {
@@ -68,19 +72,26 @@ impl FrameView {
     /// `dict(zip(co_varnames, args))`, built on first access.
     #[getter]
     fn f_locals(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
-        let d = self.locals.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
-            let names = self.code.bind(py).getattr("co_varnames")?;
-            let d = PyDict::new(py);
-            for (name, value) in names.try_iter()?.zip(self.args.bind(py).iter()) {
-                d.set_item(name?, value)?;
-            }
-            Ok(d.unbind())
-        })?;
+        let d = self
+            .locals
+            .get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+                let names = self.code.bind(py).getattr("co_varnames")?;
+                let d = PyDict::new(py);
+                for (name, value) in names.try_iter()?.zip(self.args.bind(py).iter()) {
+                    d.set_item(name?, value)?;
+                }
+                Ok(d.unbind())
+            })?;
         Ok(d.clone_ref(py))
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let name = self.code.bind(py).getattr("co_qualname").map(|n| n.to_string()).unwrap_or_default();
+        let name = self
+            .code
+            .bind(py)
+            .getattr("co_qualname")
+            .map(|n| n.to_string())
+            .unwrap_or_default();
         format!("<FrameView {name} args={}>", self.args.bind(py).len())
     }
 }

@@ -17,10 +17,15 @@ use crate::cache::CodeState;
 extern "C" {
     #[cfg_attr(Py_3_12, link_name = "PyUnstable_Eval_RequestCodeExtraIndex")]
     #[cfg_attr(not(Py_3_12), link_name = "_PyEval_RequestCodeExtraIndex")]
-    fn request_code_extra_index(free: Option<unsafe extern "C" fn(*mut c_void)>) -> ffi::Py_ssize_t;
+    fn request_code_extra_index(free: Option<unsafe extern "C" fn(*mut c_void)>)
+        -> ffi::Py_ssize_t;
     #[cfg_attr(Py_3_12, link_name = "PyUnstable_Code_GetExtra")]
     #[cfg_attr(not(Py_3_12), link_name = "_PyCode_GetExtra")]
-    fn code_get_extra(code: *mut ffi::PyObject, index: ffi::Py_ssize_t, extra: *mut *mut c_void) -> i32;
+    fn code_get_extra(
+        code: *mut ffi::PyObject,
+        index: ffi::Py_ssize_t,
+        extra: *mut *mut c_void,
+    ) -> i32;
     #[cfg_attr(Py_3_12, link_name = "PyUnstable_Code_SetExtra")]
     #[cfg_attr(not(Py_3_12), link_name = "_PyCode_SetExtra")]
     fn code_set_extra(code: *mut ffi::PyObject, index: ffi::Py_ssize_t, extra: *mut c_void) -> i32;
@@ -50,7 +55,14 @@ unsafe extern "C" fn free_extra(p: *mut c_void) {
             set.remove(&extra.code);
         }
     }
-    Python::attach(|_py| drop(extra));
+    // Entries hold Python objects: drop them attached (so they are released now, not deferred).
+    // Late in interpreter shutdown attaching may be refused; then the state is leaked rather
+    // than touched without the interpreter.
+    let mut extra = Some(extra);
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Python::try_attach(|_py| drop(extra.take()));
+    }));
+    std::mem::forget(extra);
 }
 
 fn index(_py: Python<'_>) -> PyResult<ffi::Py_ssize_t> {
@@ -60,7 +72,9 @@ fn index(_py: Python<'_>) -> PyResult<ffi::Py_ssize_t> {
     // SAFETY: GIL held (the token); the free function matches the boxes stored below.
     let i = unsafe { request_code_extra_index(Some(free_extra)) };
     if i < 0 {
-        return Err(PyRuntimeError::new_err("ferrodyn: no code-extra index available"));
+        return Err(PyRuntimeError::new_err(
+            "ferrodyn: no code-extra index available",
+        ));
     }
     Ok(*INDEX.get_or_init(|| i))
 }
@@ -95,7 +109,10 @@ pub fn state_or_init<'a>(code: &'a Bound<'_, PyCode>) -> PyResult<&'a CodeState>
         return Ok(s);
     }
     let i = index(code.py())?;
-    let boxed = Box::into_raw(Box::new(Extra { code: code.as_ptr() as usize, state: CodeState::default() }));
+    let boxed = Box::into_raw(Box::new(Extra {
+        code: code.as_ptr() as usize,
+        state: CodeState::default(),
+    }));
     // SAFETY: live code object, GIL held; on success CPython owns the box and frees it through
     // `free_extra`.
     let rc = unsafe { code_set_extra(code.as_ptr(), i, boxed as *mut c_void) };
@@ -120,10 +137,14 @@ pub fn codes_with_state(py: Python<'_>) -> Vec<Bound<'_, PyCode>> {
         Ok(r) => r,
         Err(_) => return Vec::new(),
     };
-    let Some(set) = reg.as_ref() else { return Vec::new() };
+    let Some(set) = reg.as_ref() else {
+        return Vec::new();
+    };
     set.iter()
         // SAFETY: a registered code is alive (its free function unregisters it before anything
         // else, and runs only once the refcount reached zero, under the GIL we hold).
-        .map(|&p| unsafe { Bound::from_borrowed_ptr(py, p as *mut ffi::PyObject).cast_into_unchecked::<PyCode>() })
+        .map(|&p| unsafe {
+            Bound::from_borrowed_ptr(py, p as *mut ffi::PyObject).cast_into_unchecked::<PyCode>()
+        })
         .collect()
 }

@@ -29,8 +29,11 @@ pub use super::frame312 as version;
 
 use version::{CodeHead, InterpreterFrame};
 
-type EvalFrameFn =
-    unsafe extern "C" fn(*mut ffi::PyThreadState, *mut InterpreterFrame, c_int) -> *mut ffi::PyObject;
+type EvalFrameFn = unsafe extern "C" fn(
+    *mut ffi::PyThreadState,
+    *mut InterpreterFrame,
+    c_int,
+) -> *mut ffi::PyObject;
 
 extern "C" {
     fn _PyEval_EvalFrameDefault(
@@ -38,8 +41,13 @@ extern "C" {
         frame: *mut InterpreterFrame,
         throwflag: c_int,
     ) -> *mut ffi::PyObject;
-    fn _PyInterpreterState_SetEvalFrameFunc(interp: *mut ffi::PyInterpreterState, f: Option<EvalFrameFn>);
-    fn _PyInterpreterState_GetEvalFrameFunc(interp: *mut ffi::PyInterpreterState) -> Option<EvalFrameFn>;
+    fn _PyInterpreterState_SetEvalFrameFunc(
+        interp: *mut ffi::PyInterpreterState,
+        f: Option<EvalFrameFn>,
+    );
+    fn _PyInterpreterState_GetEvalFrameFunc(
+        interp: *mut ffi::PyInterpreterState,
+    ) -> Option<EvalFrameFn>;
 }
 
 /// `co_flags` bits whose frames are never replaced (Include/cpython/code.h).
@@ -49,9 +57,10 @@ const CO_GENERATOR: c_int = 0x0020;
 const CO_COROUTINE: c_int = 0x0080;
 const CO_ITERABLE_COROUTINE: c_int = 0x0100;
 const CO_ASYNC_GENERATOR: c_int = 0x0200;
-const CO_RESUMABLE: c_int = CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR;
+const CO_RESUMABLE: c_int =
+    CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR;
 /// `FRAME_OWNED_BY_THREAD` (enum _frameowner, Include/internal/pycore_frame.h, 3.11 and 3.12).
-const FRAME_OWNED_BY_THREAD: i8 = 0;
+const FRAME_OWNED_BY_THREAD: std::os::raw::c_char = 0;
 
 /// Frames the hook saw and handed to `eval_frame` (for tests).
 static OFFERED: AtomicU64 = AtomicU64::new(0);
@@ -128,29 +137,42 @@ unsafe extern "C" fn ferrodyn_eval_frame(
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
     let code = (*frame).f_code;
-    if mode == crate::eval_frame::Mode::RunOnly && super::code_extra::state_raw(code).is_none() {
-        // No cache and no callback: nothing to do for this frame.
+    // The code's cache state; the frame keeps its code (and so the state) alive throughout.
+    let state = super::code_extra::state_raw(code);
+    if !crate::eval_frame::worth_offering(mode, state) {
+        // SKIP code, or run-only with no entries: nothing to do, decided without attaching.
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
-    OFFERED.fetch_add(1, Ordering::Relaxed);
+    OFFERED.store(
+        OFFERED.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    ); // GIL held
+       // The hit path runs under a bare token: the GIL is held (we are called by the eval loop),
+       // and it drops no `Py<T>` (see `on_frame_cached`), so pyo3's attach bookkeeping (about a
+       // third of a hit's cost) is only paid on the miss path, which calls Python.
+    let py = Python::assume_attached();
+    let view = InterceptedFrame::new(py, tstate, frame);
+    let cached = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        crate::eval_frame::on_frame_cached(&view, state, mode)
+    }))
+    .unwrap_or_else(|_| Some(panicked()));
+    let action = match cached {
+        Some(action) => action,
+        None => Python::attach(|py| {
+            let view = InterceptedFrame::new(py, tstate, frame);
+            std::panic::catch_unwind(AssertUnwindSafe(|| crate::eval_frame::on_frame_miss(&view)))
+                .unwrap_or_else(|_| panicked())
+        }),
+    };
     // None: run the default evaluator; Some(ptr): the frame's result (NULL with an error set).
-    let outcome: Option<*mut ffi::PyObject> = Python::attach(|py| {
-        let view = InterceptedFrame::new(py, tstate, frame);
-        let action = std::panic::catch_unwind(AssertUnwindSafe(|| crate::eval_frame::on_frame(&view, mode)))
-            .unwrap_or_else(|_| {
-                FrameAction::Return(Err(pyo3::panic::PanicException::new_err(
-                    "ferrodyn: internal panic in the frame hook",
-                )))
-            });
-        match action {
-            FrameAction::RunDefault => None,
-            FrameAction::Return(Ok(obj)) => Some(obj.into_ptr()),
-            FrameAction::Return(Err(e)) => {
-                e.restore(py);
-                Some(std::ptr::null_mut())
-            }
+    let outcome: Option<*mut ffi::PyObject> = match action {
+        FrameAction::RunDefault => None,
+        FrameAction::Return(Ok(obj)) => Some(obj.into_ptr()),
+        FrameAction::Return(Err(e)) => {
+            e.restore(py);
+            Some(std::ptr::null_mut())
         }
-    });
+    };
     match outcome {
         None => _PyEval_EvalFrameDefault(tstate, frame, throwflag),
         Some(ptr) => {
@@ -160,12 +182,18 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     }
 }
 
+fn panicked() -> FrameAction {
+    FrameAction::Return(Err(pyo3::panic::PanicException::new_err(
+        "ferrodyn: internal panic in the frame hook",
+    )))
+}
+
 /// The structural conditions under which a frame may be replaced (see the module docs).
 #[inline]
 unsafe fn replaceable(tstate: *mut ffi::PyThreadState, frame: *mut InterpreterFrame) -> bool {
     let code = (*frame).f_code as *const CodeHead;
     (*code).co_flags & CO_RESUMABLE == 0
-        && (*frame).owner as i8 == FRAME_OWNED_BY_THREAD
+        && (*frame).owner == FRAME_OWNED_BY_THREAD
         && (*frame).frame_obj.is_null()
         && (*frame).f_locals.is_null()
         && !version::frame_func(frame).is_null()
@@ -270,7 +298,9 @@ impl<'py> InterceptedFrame<'py> {
         unsafe {
             let slots = (*self.frame).localsplus.as_ptr();
             if (0..n).any(|i| (*slots.add(i)).is_null()) {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err("ferrodyn: unbound argument slot"));
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "ferrodyn: unbound argument slot",
+                ));
             }
             let res = match self.closure() {
                 None => ffi::PyObject_Vectorcall(f.as_ptr(), slots, n, std::ptr::null_mut()),
@@ -300,7 +330,10 @@ impl<'py> InterceptedFrame<'py> {
                 ("co_nlocalsplus", c.co_nlocalsplus as i64),
                 ("frame_obj_is_null", f.frame_obj.is_null() as i64),
                 ("f_locals_is_null", f.f_locals.is_null() as i64),
-                ("stack_top_ok", version::frame_is_stack_top(self.tstate, self.frame) as i64),
+                (
+                    "stack_top_ok",
+                    version::frame_is_stack_top(self.tstate, self.frame) as i64,
+                ),
                 ("co_framesize", version::code_framesize(c)),
             ]
         }
@@ -335,7 +368,10 @@ pub fn debug_counters() -> Vec<(&'static str, u64)> {
     let pops = version::CHUNK_POPS.load(Ordering::Relaxed);
     #[cfg(not(Py_3_12))]
     let pops = 0u64;
-    vec![("offered", OFFERED.load(Ordering::Relaxed)), ("chunk_pops", pops)]
+    vec![
+        ("offered", OFFERED.load(Ordering::Relaxed)),
+        ("chunk_pops", pops),
+    ]
 }
 
 /// `(thread_id, native_thread_id)` of the current thread state read through the 3.12 mirror;

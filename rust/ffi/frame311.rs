@@ -50,28 +50,48 @@ pub struct CodeHead {
 }
 
 /// The function object of the frame (borrowed).
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn frame_func(f: *mut InterpreterFrame) -> *mut ffi::PyObject {
     (*f).f_func
 }
 
 /// 3.11 has no `co_framesize`; reported as -1 by the debug reader.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn code_framesize(_c: *const CodeHead) -> i64 {
     -1
 }
 
 /// On 3.11 the data-stack position needs no check: this crate never pops frames there.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn frame_is_stack_top(_ts: *mut ffi::PyThreadState, _f: *mut InterpreterFrame) -> bool {
     true
 }
 
 /// Called after code ran in the frame's place. On 3.11 the caller clears and pops the frame.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn finish_replaced_frame(_ts: *mut ffi::PyThreadState, _f: *mut InterpreterFrame) {}
 
 /// Thread-state fields read for tests; 3.11 reads none of `PyThreadState` directly.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 pub unsafe fn thread_ids(_ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
     None
 }

@@ -107,11 +107,19 @@ pub struct ThreadStateHead {
 pub static CHUNK_POPS: AtomicU64 = AtomicU64::new(0);
 
 /// The function object of the frame (borrowed).
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn frame_func(f: *mut InterpreterFrame) -> *mut ffi::PyObject {
     (*f).f_funcobj
 }
 
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn code_framesize(c: *const CodeHead) -> i64 {
     (*c).co_framesize as i64
@@ -120,6 +128,10 @@ pub unsafe fn code_framesize(c: *const CodeHead) -> i64 {
 /// `frame + co_framesize == tstate->datastack_top`: the frame was the last one pushed (the
 /// invariant `clear_thread_frame` asserts). Checked before any frame is replaced; a frame that
 /// fails it runs the default evaluator.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 #[inline]
 pub unsafe fn frame_is_stack_top(ts: *mut ffi::PyThreadState, f: *mut InterpreterFrame) -> bool {
     let code = (*f).f_code as *const CodeHead;
@@ -130,6 +142,10 @@ pub unsafe fn frame_is_stack_top(ts: *mut ffi::PyThreadState, f: *mut Interprete
 
 /// Clear the frame (its references) and pop it from the data stack: what
 /// `_PyEvalFrameClearAndPop` does for a thread-owned frame without a frame object.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
 pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut InterpreterFrame) {
     // `_PyFrame_ClearExceptCode`: frame_obj is NULL (checked before the frame was replaced; the
     // frame is never linked into the thread's frame chain, so nothing can have created one).
@@ -155,7 +171,8 @@ pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut Interpr
         let previous = (*chunk).previous;
         (*ts).datastack_top = (*previous).data.as_mut_ptr().add((*previous).top);
         (*ts).datastack_chunk = previous;
-        (*ts).datastack_limit = (previous as *mut u8).add((*previous).size) as *mut *mut ffi::PyObject;
+        (*ts).datastack_limit =
+            (previous as *mut u8).add((*previous).size) as *mut *mut ffi::PyObject;
         let mut alloc = std::mem::MaybeUninit::<ffi::PyObjectArenaAllocator>::zeroed();
         ffi::PyObject_GetArenaAllocator(alloc.as_mut_ptr());
         let alloc = alloc.assume_init();
@@ -171,7 +188,12 @@ pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut Interpr
 }
 
 /// `(thread_id, native_thread_id)` read through the mirror, for the layout test.
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
+#[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
 pub unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
     let ts = ts as *mut ThreadStateHead;
-    Some(((*ts).thread_id as u64, (*ts).native_thread_id as u64))
+    Some((u64::from((*ts).thread_id), u64::from((*ts).native_thread_id)))
 }
