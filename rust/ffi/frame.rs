@@ -198,6 +198,29 @@ unsafe fn replaceable(tstate: *mut ffi::PyThreadState, frame: *mut InterpreterFr
         && (*frame).f_locals.is_null()
         && !version::frame_func(frame).is_null()
         && version::frame_is_stack_top(tstate, frame)
+        && args_bound(code, frame)
+}
+
+/// Every argument slot holds a value (always true for frames made by a call; checked so that
+/// the hit path and the frame view never meet an unbound slot).
+#[inline]
+unsafe fn args_bound(code: *const CodeHead, frame: *mut InterpreterFrame) -> bool {
+    let n = arg_count(&*code);
+    let slots = (*frame).localsplus.as_ptr();
+    (n as c_int) <= (*frame).stacktop && (0..n).all(|i| !(*slots.add(i)).is_null())
+}
+
+/// Positional and keyword-only parameters, plus one each for `*args` and `**kwargs`.
+#[inline]
+fn arg_count(c: &CodeHead) -> usize {
+    let mut n = (c.co_argcount + c.co_kwonlyargcount) as usize;
+    if c.co_flags & CO_VARARGS != 0 {
+        n += 1;
+    }
+    if c.co_flags & CO_VARKEYWORDS != 0 {
+        n += 1;
+    }
+    n
 }
 
 /// A frame the hook is deciding about, valid for the duration of the decision: the frame is
@@ -254,15 +277,7 @@ impl<'py> InterceptedFrame<'py> {
     /// `*args` and `**kwargs` where the code has them.
     pub fn arg_count(&self) -> usize {
         // SAFETY: see code_head.
-        let c = unsafe { &*self.code_head() };
-        let mut n = (c.co_argcount + c.co_kwonlyargcount) as usize;
-        if c.co_flags & CO_VARARGS != 0 {
-            n += 1;
-        }
-        if c.co_flags & CO_VARKEYWORDS != 0 {
-            n += 1;
-        }
-        n
+        arg_count(unsafe { &*self.code_head() })
     }
 
     /// The argument slots, borrowed from the frame (no references taken).

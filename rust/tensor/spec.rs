@@ -34,31 +34,49 @@ pub struct TensorSpec {
 }
 
 fn opt_list(xs: &[Option<i64>]) -> String {
-    let parts: Vec<String> = xs.iter().map(|x| x.map(|v| v.to_string()).unwrap_or_else(|| "None".into())).collect();
+    let parts: Vec<String> = xs
+        .iter()
+        .map(|x| x.map(|v| v.to_string()).unwrap_or_else(|| "None".into()))
+        .collect();
     format!("[{}]", parts.join(", "))
 }
 
 impl TensorSpec {
-    pub fn new(example: &Bound<'_, PyAny>, dynamic_dims: &[i64], check_strides: bool) -> Result<TensorSpec> {
+    pub fn new(
+        example: &Bound<'_, PyAny>,
+        dynamic_dims: &[i64],
+        check_strides: bool,
+    ) -> Result<TensorSpec> {
         let py = example.py();
         let tc = torch(py)?;
         if !tc.is_tensor(example) {
-            return Err(Error::Type(format!("tensor_match() needs a torch.Tensor example, got {}", type_name(example))));
+            return Err(Error::Type(format!(
+                "tensor_match() needs a torch.Tensor example, got {}",
+                type_name(example)
+            )));
         }
         let sizes: Vec<i64> = example.call_method0("size")?.extract().map_err(|_| {
-            Error::Value("tensor_match() needs an example with concrete (non-symbolic) sizes".into())
+            Error::Value(
+                "tensor_match() needs an example with concrete (non-symbolic) sizes".into(),
+            )
         })?;
-        let strides: Vec<i64> = match example.call_method0("stride").and_then(|s| s.extract()) {
-            Ok(s) => s,
-            Err(_) if !check_strides => vec![0; sizes.len()],
-            Err(_) => return Err(Error::Value("tensor_match() cannot read the example's strides; pass check_strides=False".into())),
-        };
+        let strides: Vec<i64> =
+            match example.call_method0("stride").and_then(|s| s.extract()) {
+                Ok(s) => s,
+                Err(_) if !check_strides => vec![0; sizes.len()],
+                Err(_) => return Err(Error::Value(
+                    "tensor_match() cannot read the example's strides; pass check_strides=False"
+                        .into(),
+                )),
+            };
         let n = sizes.len() as i64;
         let mut dynamic = vec![false; sizes.len()];
         for &d in dynamic_dims {
             let j = if d < 0 { d + n } else { d };
             if !(0..n).contains(&j) {
-                return Err(Error::Value(format!("dynamic dim {d} out of range for a {n}-d example")));
+                return Err(Error::Value(format!(
+                    "dynamic dim {d} out of range for a {n}-d example"
+                )));
             }
             dynamic[j as usize] = true;
         }
@@ -87,8 +105,16 @@ impl TensorSpec {
             device: device.unbind(),
             requires_grad: example.getattr("requires_grad")?.extract()?,
             keys: tc.keys_py(example)?,
-            sizes: sizes.iter().zip(&dynamic).map(|(&s, &d)| (!d).then_some(s)).collect(),
-            strides: strides.iter().zip(&dynamic).map(|(&s, &d)| (!d && check_strides).then_some(s)).collect(),
+            sizes: sizes
+                .iter()
+                .zip(&dynamic)
+                .map(|(&s, &d)| (!d).then_some(s))
+                .collect(),
+            strides: strides
+                .iter()
+                .zip(&dynamic)
+                .map(|(&s, &d)| (!d && check_strides).then_some(s))
+                .collect(),
             raw,
         })
     }
@@ -106,20 +132,33 @@ impl TensorSpec {
     }
 
     fn dtype_str(&self) -> String {
-        Python::attach(|py| self.dtype.bind(py).str().map(|s| s.to_string()).unwrap_or_default())
+        Python::attach(|py| {
+            self.dtype
+                .bind(py)
+                .str()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
     }
 
     /// The hot path. Never raises.
     #[inline]
     pub fn check(&self, v: &Bound<'_, PyAny>) -> bool {
         let py = v.py();
-        if !self.typ.is(py, v.get_type_ptr() as *mut pyo3::ffi::PyObject) {
+        if !self
+            .typ
+            .is(py, v.get_type_ptr() as *mut pyo3::ffi::PyObject)
+        {
             return false;
         }
         let Ok(tc) = torch(py) else { return false };
         if let Some((dtype, device)) = self.raw {
             if let Some(r) = plain_read(v, tc.cal.non_plain_keys) {
-                if r.keys != self.keys || r.dtype != dtype || r.device != device || r.sizes.len() != self.ndim {
+                if r.keys != self.keys
+                    || r.dtype != dtype
+                    || r.device != device
+                    || r.sizes.len() != self.ndim
+                {
                     return false;
                 }
                 if self.ndim <= INLINE_DIMS {
@@ -127,25 +166,38 @@ impl TensorSpec {
                         if (self.size_mask >> i) & 1 != 0 && r.sizes[i] != self.want[i] {
                             return false;
                         }
-                        if (self.stride_mask >> i) & 1 != 0 && r.strides[i] != self.want[INLINE_DIMS + i] {
+                        if (self.stride_mask >> i) & 1 != 0
+                            && r.strides[i] != self.want[INLINE_DIMS + i]
+                        {
                             return false;
                         }
                     }
-                } else if !dims_match(&self.sizes, r.sizes) || !dims_match(&self.strides, r.strides) {
+                } else if !dims_match(&self.sizes, r.sizes) || !dims_match(&self.strides, r.strides)
+                {
                     return false;
                 }
                 return match r.requires_grad {
                     Some(rg) => rg == self.requires_grad,
-                    None => v.getattr(pyo3::intern!(py, "requires_grad")).and_then(|x| x.extract::<bool>()).ok()
-                        == Some(self.requires_grad),
+                    None => {
+                        v.getattr(pyo3::intern!(py, "requires_grad"))
+                            .and_then(|x| x.extract::<bool>())
+                            .ok()
+                            == Some(self.requires_grad)
+                    }
                 };
             }
         }
-        self.first_mismatch(tc, v).map(|m| m.is_none()).unwrap_or(false)
+        self.first_mismatch(tc, v)
+            .map(|m| m.is_none())
+            .unwrap_or(false)
     }
 
     /// The Python-API comparison: None if everything matches, else (what, expected, got).
-    fn first_mismatch(&self, tc: &Torch, v: &Bound<'_, PyAny>) -> PyResult<Option<(String, String, String)>> {
+    fn first_mismatch(
+        &self,
+        tc: &Torch,
+        v: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(String, String, String)>> {
         let py = v.py();
         let s = |x: &Bound<'_, PyAny>| x.str().map(|s| s.to_string()).unwrap_or_default();
         let dtype = v.getattr("dtype")?;
@@ -154,19 +206,34 @@ impl TensorSpec {
         }
         let device = v.getattr("device")?;
         if !device.eq(self.device.bind(py))? {
-            return Ok(Some((".device".into(), self.device_str.clone(), s(&device))));
+            return Ok(Some((
+                ".device".into(),
+                self.device_str.clone(),
+                s(&device),
+            )));
         }
         let rg: bool = v.getattr("requires_grad")?.extract()?;
         if rg != self.requires_grad {
             let b = |x: bool| if x { "True" } else { "False" }.to_string();
-            return Ok(Some((".requires_grad".into(), b(self.requires_grad), b(rg))));
+            return Ok(Some((
+                ".requires_grad".into(),
+                b(self.requires_grad),
+                b(rg),
+            )));
         }
         let sizes = v.call_method0("size")?.cast_into::<PyTuple>()?;
         if sizes.len() != self.sizes.len() {
-            return Ok(Some((".dim()".into(), self.sizes.len().to_string(), sizes.len().to_string())));
+            return Ok(Some((
+                ".dim()".into(),
+                self.sizes.len().to_string(),
+                sizes.len().to_string(),
+            )));
         }
         let strides = v.call_method0("stride")?.cast_into::<PyTuple>()?;
-        for (what, want, got) in [("size", &self.sizes, &sizes), ("stride", &self.strides, &strides)] {
+        for (what, want, got) in [
+            ("size", &self.sizes, &sizes),
+            ("stride", &self.strides, &strides),
+        ] {
             for (i, w) in want.iter().enumerate() {
                 if let Some(w) = w {
                     let g = got.get_item(i)?;
@@ -181,7 +248,11 @@ impl TensorSpec {
             let show = |k: u64| -> String {
                 let ks = py
                     .import("torch")
-                    .and_then(|t| t.getattr("_C")?.getattr("DispatchKeySet")?.call_method1("from_raw_repr", (k,)))
+                    .and_then(|t| {
+                        t.getattr("_C")?
+                            .getattr("DispatchKeySet")?
+                            .call_method1("from_raw_repr", (k,))
+                    })
                     .map(|x| s(&x))
                     .unwrap_or_else(|_| format!("{k:#x}"));
                 ks
@@ -194,14 +265,24 @@ impl TensorSpec {
     /// Why `v` fails this leaf (after `check` returned false).
     pub fn explain(&self, v: &Bound<'_, PyAny>, source: &str) -> String {
         let py = v.py();
-        if !self.typ.is(py, v.get_type_ptr() as *mut pyo3::ffi::PyObject) {
-            return format!("type({source}) is {} (got {})", self.type_name, type_name(v));
+        if !self
+            .typ
+            .is(py, v.get_type_ptr() as *mut pyo3::ffi::PyObject)
+        {
+            return format!(
+                "type({source}) is {} (got {})",
+                self.type_name,
+                type_name(v)
+            );
         }
         let found = torch(py).and_then(|tc| self.first_mismatch(tc, v));
         drop(PyErr::take(py));
         match found {
             Ok(Some((what, want, got))) => format!("{source}{what} == {want} (got {got})"),
-            Ok(None) => format!("{} (the tensor changed while it was checked)", self.describe(source)),
+            Ok(None) => format!(
+                "{} (the tensor changed while it was checked)",
+                self.describe(source)
+            ),
             Err(e) => format!("{} (reading it raised {})", self.describe(source), e),
         }
     }
@@ -210,4 +291,17 @@ impl TensorSpec {
 #[inline]
 fn dims_match(want: &[Option<i64>], got: &[i64]) -> bool {
     want.iter().zip(got).all(|(w, g)| w.is_none_or(|w| w == *g))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{dims_match, opt_list};
+
+    #[test]
+    fn dims() {
+        assert!(dims_match(&[Some(2), None, Some(4)], &[2, 99, 4]));
+        assert!(!dims_match(&[Some(2), None, Some(4)], &[2, 99, 5]));
+        assert!(dims_match(&[], &[]));
+        assert_eq!(opt_list(&[Some(3), None]), "[3, None]");
+    }
 }
