@@ -292,3 +292,24 @@ def test_python_code_inside_a_compiled_graph_is_never_traced():
         assert torch.allclose(c(x), inner(x))
     assert t.calls == {"inner": 1}
     assert _C.cache_entries(user_kernel.__code__) == []
+
+
+def test_an_entry_that_cannot_be_generated_runs_eagerly(caplog):
+    from ferrodyn.trace_result import Out
+
+    class Strange(Out):
+        pass
+
+    def bad_tracer(code, *args, **kwargs):
+        result = fx_tracer(code, *args, **kwargs)
+        result.output = Strange()
+        return result
+
+    x = torch.randn(3)
+    with caplog.at_level(logging.WARNING, logger="ferrodyn"):
+        assert torch.allclose(run(inner, bad_tracer)(x), inner(x))
+    assert any("cannot generate the entry" in r.getMessage() for r in caplog.records)
+    assert _C.cache_entries(inner.__code__) == []
+    ferrodyn.reset()
+    with pytest.raises(TypeError, match="unknown output spec"):
+        run(inner, bad_tracer, fullgraph=True)(x)
