@@ -119,3 +119,9 @@ def iters(x, xs):
 
 def test_itertools_and_class():
     check(iters, torch.randn(2), [torch.randn(2), torch.randn(2), torch.randn(2)])
+
+
+def test_pow_round_builtins_on_tensors():
+    def f(x, n):
+        return pow(x, 2), pow(n, 2), pow(3, 2, 5), round(2.567, 1), round(n / 3)
+    check(f, torch.randn(3) * 3, 4)

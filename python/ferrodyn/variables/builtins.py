@@ -296,6 +296,16 @@ def _islice(tx, iterable, *args):
     return IteratorVariable.over(_items(tx, iterable)[slice(*bounds)])
 
 
+def _pow(tx, base, exp, mod=None):
+    if mod is not None:
+        return _scalar(pow)(tx, base, exp, mod)
+    return ops.binary_op(tx, operator.pow, base, exp)
+
+
+def _round(tx, number, ndigits=None):
+    return _scalar(round)(tx, *([number] if ndigits is None else [number, ndigits]))
+
+
 def _unsupported(name, reason):
     def handler(tx, *args, **kwargs):
         unsupported(f"{name}()", reason)
@@ -330,7 +340,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     max: _minmax(max), abs: _abs, sum: _sum, any: _any, all: _all, getattr: _getattr,
     hasattr: _hasattr, setattr: _setattr, type: _type, tuple: _tuple, list: _list,
     dict: _dict, int: _scalar(int), float: _scalar(float), bool: _scalar(bool),
-    str: _scalar(str), complex: _scalar(complex), round: _scalar(round), iter: _iter,
+    str: _scalar(str), complex: _scalar(complex), round: _round, pow: _pow, iter: _iter,
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
