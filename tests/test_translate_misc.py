@@ -136,3 +136,14 @@ def test_inplace_result_is_the_same_tensor_and_finfo():
         return y is x, z is x, x * 2, x.masked_fill(x > 100, torch.finfo(x.dtype).min), big
     r = check(f, torch.randn(3))
     assert r.output.items[0].value is True and r.output.items[1].value is True
+
+
+def test_ordered_dict_created_in_frame():
+    import collections
+
+    def f(x):
+        d = collections.OrderedDict()
+        d["b"] = x
+        d["a"] = x * 2
+        return d, list(d)
+    check(f, torch.randn(2))

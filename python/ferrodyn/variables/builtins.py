@@ -10,6 +10,7 @@ Does not own operators between trackers (operators.py), which several entries de
 from __future__ import annotations
 
 import builtins
+import collections
 import functools
 import itertools
 import math
@@ -159,6 +160,12 @@ def _tuple(tx, iterable=None):
 
 def _list(tx, iterable=None):
     return ListVariable.new(_items(tx, iterable) if iterable is not None else [])
+
+
+def _ordered_dict(tx, arg=None, **kwargs):
+    d = _dict(tx, arg, **kwargs)
+    d.state.cls = collections.OrderedDict
+    return d
 
 
 def _dict(tx, arg=None, **kwargs):
@@ -351,7 +358,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     tuple.__new__: _tuple_new,
     itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
     itertools.islice: _islice,
-    set: _set, frozenset: _frozenset,
+    set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
     operator.index: _scalar(operator.index),
