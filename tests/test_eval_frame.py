@@ -709,3 +709,41 @@ def test_callback_may_switch_callbacks_inside():
         assert outer(1) == 4
     assert seen == [("outer", "outer"), ("outer", "add")]
     assert _C._debug_hook_state()["active_threads"] == 0
+
+
+def test_exceptions_swallowed_by_failing_guards_are_freed_promptly():
+    live = [0]
+
+    class Boom(Exception):
+        def __init__(self):
+            live[0] += 1
+
+        def __del__(self):
+            live[0] -= 1
+
+    class Weird:
+        def __getattr__(self, name):
+            raise Boom()
+
+    def f(o):
+        return "eager"
+
+    b = _C.GuardBuilder()
+    b.equals(b.attr(b.local(0, "o"), "flag"), True)
+    raising_tree = b.build()
+    _C.insert_entry(f.__code__, _C.CacheEntry(lambda o: "hit", raising_tree))
+    w = Weird()
+    counts = []
+    with callback(False):
+        for _ in range(200):
+            assert f(w) == "eager"  # the guard raises inside: a failure, the frame runs
+            counts.append(live[0])
+    assert max(counts) == 0
+    assert _C.cache_stats()["guard_failures"] == 200
+    # The same when a later entry hits after the raising one failed.
+    _C.reset()
+    _C.insert_entry(f.__code__, _C.CacheEntry(lambda o: "hit", always_tree()))
+    _C.insert_entry(f.__code__, _C.CacheEntry(lambda o: "never", raising_tree))
+    with callback(False):
+        assert f(w) == "hit"
+        assert live[0] == 0

@@ -56,7 +56,14 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        if let Some(entry) = cache::lookup(py, st, &input) {
+        let (hit, failures) = cache::lookup(py, st, &input);
+        if failures > 0 {
+            // A failing guard may have swallowed an exception, released under the bare token
+            // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
+            // next attaches. Hits on the first entry (the common case) skip this.
+            Python::attach(|_| ());
+        }
+        if let Some(entry) = hit {
             let f = entry.get().func().bind(py).clone();
             return Some(FrameAction::Return(
                 frame.call_with_slots(&f).map(Bound::unbind),
@@ -170,4 +177,32 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(code_flags, m)?)?;
     debug::register(m)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CodeState;
+
+    #[test]
+    fn pre_check_offers_only_frames_with_work() {
+        let st = CodeState::default();
+        // Run-only: nothing to run without entries, with or without state.
+        assert!(!worth_offering(Mode::RunOnly, None));
+        assert!(!worth_offering(Mode::RunOnly, Some(&st)));
+        // A callback: every frame may compile.
+        assert!(worth_offering(Mode::Callback, None));
+        assert!(worth_offering(Mode::Callback, Some(&st)));
+        // SKIP wins over everything.
+        st.set_flag(CodeFlag::Skip);
+        assert!(!worth_offering(Mode::Callback, Some(&st)));
+        st.set_flag(CodeFlag::RunOnly);
+        assert!(worth_offering(Mode::Callback, Some(&st)));
+    }
+
+    #[test]
+    fn threads_start_with_the_hook_off() {
+        assert_eq!(thread_mode(0), Mode::Off);
+        assert_eq!(thread_mode(12345), Mode::Off);
+    }
 }

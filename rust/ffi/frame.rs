@@ -143,13 +143,14 @@ unsafe extern "C" fn ferrodyn_eval_frame(
         // SKIP code, or run-only with no entries: nothing to do, decided without attaching.
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
+    // GIL held: a plain load and store.
     OFFERED.store(
         OFFERED.load(Ordering::Relaxed).wrapping_add(1),
         Ordering::Relaxed,
-    ); // GIL held
-       // The hit path runs under a bare token: the GIL is held (we are called by the eval loop),
-       // and it drops no `Py<T>` (see `on_frame_cached`), so pyo3's attach bookkeeping (about a
-       // third of a hit's cost) is only paid on the miss path, which calls Python.
+    );
+    // The hit path runs under a bare token: the GIL is held (we are called by the eval loop),
+    // and it drops no `Py<T>` (see `on_frame_cached`), so pyo3's attach bookkeeping (about a
+    // third of a hit's cost) is only paid on the miss path, which calls Python.
     let py = Python::assume_attached();
     let view = InterceptedFrame::new(py, tstate, frame);
     let cached = std::panic::catch_unwind(AssertUnwindSafe(|| {

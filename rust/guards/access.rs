@@ -40,7 +40,7 @@ pub(crate) struct DictHint(AtomicUsize);
 
 const NO_HINT: usize = usize::MAX;
 /// Dicts longer than this are not scanned for a hint.
-const HINT_SCAN: usize = 256;
+const HINT_SCAN: usize = 64;
 
 impl DictHint {
     pub(crate) fn new() -> DictHint {

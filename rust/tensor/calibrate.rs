@@ -42,7 +42,18 @@ pub(crate) fn samples_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     )
 }
 
-pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
+/// Calibrate; never fails: any problem leaves the fast path off, with the reason.
+pub(crate) fn calibrate(py: Python<'_>) -> Calibration {
+    calibrate_or_err(py).unwrap_or_else(|e| Calibration {
+        layout: None,
+        failure: Some(format!("calibration raised {e}")),
+        dtypes: Vec::new(),
+        device_types: Vec::new(),
+        non_plain_keys: u64::MAX,
+    })
+}
+
+fn calibrate_or_err(py: Python<'_>) -> PyResult<Calibration> {
     let m = samples_module(py)?;
     let torch = py.import("torch")?;
     let base = torch.getattr("_C")?.getattr("TensorBase")?;

@@ -12,14 +12,28 @@ use crate::guards::{type_name, IdRef};
 /// the `sizes`/`strides` vectors.
 const INLINE_DIMS: usize = 8;
 
-pub struct TensorSpec {
-    // -- hot: what the direct check reads, kept together --
-    /// Expected sizes then strides (first `ndim` of each) and which of them to compare.
-    want: [i64; 2 * INLINE_DIMS],
+/// What the direct check reads, kept together in this order (`repr(C)` only for that: it
+/// mirrors no foreign struct).
+#[repr(C)]
+struct Hot {
+    /// The exact type (kept alive by `TensorSpec::typ`, so pointer identity is exact).
+    type_ptr: usize,
+    keys: u64,
+    non_plain_keys: u64,
+    dtype: u16,
+    device: [u8; 3],
+    /// dtype/device above are valid (the example itself could be read directly).
+    has_raw: bool,
+    requires_grad: bool,
     size_mask: u8,
     stride_mask: u8,
     ndim: usize,
-    // -- cold --
+    /// (size, stride) of the first `min(ndim, INLINE_DIMS)` dimensions.
+    dims: [[i64; 2]; INLINE_DIMS],
+}
+
+pub struct TensorSpec {
+    hot: Hot,
     typ: IdRef,
     type_name: String,
     dtype: Py<PyAny>,
@@ -29,8 +43,6 @@ pub struct TensorSpec {
     keys: u64,
     sizes: Vec<Option<i64>>,
     strides: Vec<Option<i64>>,
-    /// Raw dtype and device of the example, when it could be read directly.
-    raw: Option<(u16, [u8; 3])>,
 }
 
 fn opt_list(xs: &[Option<i64>]) -> String {
@@ -82,10 +94,9 @@ impl TensorSpec {
         }
         let device = example.getattr("device")?;
         let raw = plain_read(example, tc.cal.non_plain_keys).map(|r| (r.dtype, r.device));
-        let (mut want, mut size_mask, mut stride_mask) = ([0i64; 2 * INLINE_DIMS], 0u8, 0u8);
+        let (mut dims, mut size_mask, mut stride_mask) = ([[0i64; 2]; INLINE_DIMS], 0u8, 0u8);
         for i in 0..sizes.len().min(INLINE_DIMS) {
-            want[i] = sizes[i];
-            want[INLINE_DIMS + i] = strides[i];
+            dims[i] = [sizes[i], strides[i]];
             if !dynamic[i] {
                 size_mask |= 1 << i;
                 if check_strides {
@@ -93,18 +104,30 @@ impl TensorSpec {
                 }
             }
         }
+        let requires_grad: bool = example.getattr("requires_grad")?.extract()?;
+        let keys = tc.keys_py(example)?;
+        let (dtype_raw, device_raw) = raw.unwrap_or((0, [0; 3]));
         Ok(TensorSpec {
-            want,
-            size_mask,
-            stride_mask,
-            ndim: sizes.len(),
+            hot: Hot {
+                type_ptr: example.get_type_ptr() as usize,
+                keys,
+                non_plain_keys: tc.cal.non_plain_keys,
+                dtype: dtype_raw,
+                device: device_raw,
+                has_raw: raw.is_some(),
+                requires_grad,
+                size_mask,
+                stride_mask,
+                ndim: sizes.len(),
+                dims,
+            },
             typ: IdRef::strong(example.get_type().as_any()),
             type_name: example.get_type().name()?.to_string(),
             dtype: example.getattr("dtype")?.unbind(),
             device_str: device.str()?.to_string(),
             device: device.unbind(),
-            requires_grad: example.getattr("requires_grad")?.extract()?,
-            keys: tc.keys_py(example)?,
+            requires_grad,
+            keys,
             sizes: sizes
                 .iter()
                 .zip(&dynamic)
@@ -115,7 +138,6 @@ impl TensorSpec {
                 .zip(&dynamic)
                 .map(|(&s, &d)| (!d && check_strides).then_some(s))
                 .collect(),
-            raw,
         })
     }
 
@@ -144,30 +166,24 @@ impl TensorSpec {
     /// The hot path. Never raises.
     #[inline]
     pub fn check(&self, v: &Bound<'_, PyAny>) -> bool {
-        let py = v.py();
-        if !self
-            .typ
-            .is(py, v.get_type_ptr() as *mut pyo3::ffi::PyObject)
-        {
+        let h = &self.hot;
+        if v.get_type_ptr() as usize != h.type_ptr {
             return false;
         }
-        let Ok(tc) = torch(py) else { return false };
-        if let Some((dtype, device)) = self.raw {
-            if let Some(r) = plain_read(v, tc.cal.non_plain_keys) {
-                if r.keys != self.keys
-                    || r.dtype != dtype
-                    || r.device != device
-                    || r.sizes.len() != self.ndim
+        if h.has_raw {
+            if let Some(r) = plain_read(v, h.non_plain_keys) {
+                if r.keys != h.keys
+                    || r.dtype != h.dtype
+                    || r.device != h.device
+                    || r.sizes.len() != h.ndim
                 {
                     return false;
                 }
-                if self.ndim <= INLINE_DIMS {
-                    for i in 0..self.ndim {
-                        if (self.size_mask >> i) & 1 != 0 && r.sizes[i] != self.want[i] {
-                            return false;
-                        }
-                        if (self.stride_mask >> i) & 1 != 0
-                            && r.strides[i] != self.want[INLINE_DIMS + i]
+                if h.ndim <= INLINE_DIMS {
+                    for i in 0..h.ndim {
+                        let [size, stride] = h.dims[i];
+                        if ((h.size_mask >> i) & 1 != 0 && r.sizes[i] != size)
+                            || ((h.stride_mask >> i) & 1 != 0 && r.strides[i] != stride)
                         {
                             return false;
                         }
@@ -177,16 +193,18 @@ impl TensorSpec {
                     return false;
                 }
                 return match r.requires_grad {
-                    Some(rg) => rg == self.requires_grad,
+                    Some(rg) => rg == h.requires_grad,
                     None => {
+                        let py = v.py();
                         v.getattr(pyo3::intern!(py, "requires_grad"))
                             .and_then(|x| x.extract::<bool>())
                             .ok()
-                            == Some(self.requires_grad)
+                            == Some(h.requires_grad)
                     }
                 };
             }
         }
+        let Ok(tc) = torch(v.py()) else { return false };
         self.first_mismatch(tc, v)
             .map(|m| m.is_none())
             .unwrap_or(false)
