@@ -23,7 +23,6 @@ import importlib.util
 import itertools
 import logging
 import os
-
 import sysconfig
 import weakref
 from types import CodeType
