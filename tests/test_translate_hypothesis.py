@@ -102,3 +102,29 @@ def test_random_programs_match_eager(src, n):
     args = (torch.randn(3), torch.randn(3), n, [torch.randn(3), torch.randn(3)])
     result = check(fn, *args)  # raises Unsupported if the frame could not be captured whole
     assert result.graph is not None
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(src=programs(), n=st.integers(0, 4))
+def test_random_programs_through_compile_one_graph(src, n):
+    import ferrodyn
+    from translate_harness import assert_same
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ns = {"torch": torch, "helper": helper, "Acc": Acc, "LIN": LIN}
+    exec(compile(textwrap.dedent(src), "<generated>", "exec"), ns)
+    fn = ns["f"]
+    args = (torch.randn(3), torch.randn(3), n, [torch.randn(3), torch.randn(3)])
+    ferrodyn.reset()
+    try:
+        compiled = ferrodyn.compile(fn, backend=backend, fullgraph=True)
+        for _ in range(2):  # second call: a cache hit, same result
+            assert_same(fn(*args), compiled(*args))
+    finally:
+        ferrodyn.reset()
+    assert len(graphs) <= 1  # one graph (none when the program has no tensor op left)
