@@ -1,0 +1,111 @@
+"""Cache-hit call overhead: (compiled call - eager call) for a function of 1, 4, 16 and 64
+tensor arguments (it adds them all, so every argument is a graph input and guarded), ferrodyn
+vs torch.compile, both with backend="eager". Rounds alternate eager / ferrodyn / torch.compile;
+the overhead is the median over rounds of (compiled - eager) measured in the same round. Times
+are this thread's CPU time (time.thread_time_ns), not wall time: on a shared, oversubscribed
+machine wall time mostly measures the other processes. One intra-op thread, as tiny tensors
+want."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+GROUP = "overhead"
+
+
+def make_fn(n: int):
+    params = ", ".join(f"a{i}" for i in range(n))
+    body = " + ".join(f"a{i}" for i in range(n)) if n > 1 else "a0 + 1"
+    ns: dict = {}
+    exec(f"def add_{n}({params}):\n    return {body}\n", ns)
+    return ns[f"add_{n}"]
+
+
+def paired_overhead_ns(eager, compiled: dict, inner: int, rounds: int) -> dict:
+    """Median over rounds of (compiled - eager) ns per call, each pair timed in the same round."""
+    diffs = {k: [] for k in compiled}
+    base = []
+
+    def once(f):
+        t0 = time.thread_time_ns()
+        for _ in range(inner):
+            f()
+        return (time.thread_time_ns() - t0) / inner
+
+    for _ in range(rounds):
+        e = once(eager)
+        base.append(e)
+        for k, f in compiled.items():
+            diffs[k].append(once(f) - e)
+    out = {k: statistics.median(v) for k, v in diffs.items()}
+    out["eager"] = statistics.median(base)
+    return out
+
+
+def run(rounds: int = 60) -> list[dict]:
+    import torch._dynamo
+
+    import ferrodyn
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(rounds, ferrodyn, torch._dynamo)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(rounds, ferrodyn, dynamo) -> list[dict]:
+    rows = []
+    for n in (1, 4, 16, 64):
+        fn = make_fn(n)
+        args = [torch.randn(4) for _ in range(n)]
+        ferrodyn.reset()
+        dynamo.reset()
+        fd = ferrodyn.compile(fn, backend="eager")
+        tc = torch.compile(fn, backend="eager")
+        for f in (fd, tc):  # compile, then one hit
+            f(*args)
+            f(*args)
+        assert torch.allclose(fd(*args), fn(*args))
+        entries = ferrodyn._C.cache_entries(fn.__code__)
+        captured = bool(entries) and entries[0].hits > 0
+        t = paired_overhead_ns(lambda: fn(*args), {"ferrodyn": lambda: fd(*args),
+                                                   "torch": lambda: tc(*args)}, inner=200, rounds=rounds)
+        case = f"{n} tensor args" + ("" if captured else " [ferrodyn ran eagerly]")
+        rows.append({"case": case, "ferrodyn": t["ferrodyn"] / 1e3, "reference": t["torch"] / 1e3,
+                     "unit": "us", "reference_name": "torch.compile", "eager_us": t["eager"] / 1e3})
+    # an nn.Module (one parameter): OptimizedModule vs torch.compile's OptimizedModule
+    mod = _Scale()
+    x = torch.randn(4)
+    ferrodyn.reset()
+    dynamo.reset()
+    fd, tc = ferrodyn.compile(mod, backend="eager"), torch.compile(mod, backend="eager")
+    with torch.no_grad():
+        for f in (fd, tc):
+            f(x)
+            f(x)
+        t = paired_overhead_ns(lambda: mod(x), {"ferrodyn": lambda: fd(x), "torch": lambda: tc(x)},
+                               inner=200, rounds=rounds)
+    rows.append({"case": "nn.Module, 1 tensor arg", "ferrodyn": t["ferrodyn"] / 1e3,
+                 "reference": t["torch"] / 1e3, "unit": "us", "reference_name": "torch.compile"})
+    ferrodyn.reset()
+    dynamo.reset()
+    return rows
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x * self.w
+
+
+if __name__ == "__main__":
+    for r in run():
+        print(r)
