@@ -10,13 +10,31 @@ A frame's values are reached from four roots: argument slots (`L`), globals (`G`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, Mapping
 
 
+def source_class(cls):
+    """Make `cls` a frozen dataclass whose hash is computed once per instance: sources are
+    dictionary keys throughout capture, and a chain would otherwise re-hash its whole base path
+    on every lookup."""
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    field_hash = cls.__hash__
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = field_hash(self)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    cls.__hash__ = __hash__
+    return cls
+
+
 class Source:
-    """Base class. Sources are frozen dataclasses: hashable and comparable, so one accessor is
-    made per distinct path."""
+    """Base class. Sources are frozen dataclasses (made with `source_class`): hashable and
+    comparable, so one accessor is made per distinct path."""
 
     def name(self) -> str:
         raise NotImplementedError
@@ -44,7 +62,7 @@ class CodegenEnv:
         self.builtins_name = builtins_name
 
 
-@dataclass(frozen=True)
+@source_class
 class LocalSource(Source):
     """Argument slot `index` of the frame, named `local_name` in co_varnames."""
     index: int
@@ -57,7 +75,7 @@ class LocalSource(Source):
         return env.local_names[self.index]
 
 
-@dataclass(frozen=True)
+@source_class
 class GlobalSource(Source):
     global_name: str
 
@@ -68,7 +86,7 @@ class GlobalSource(Source):
         return f"{env.globals_name}[{self.global_name!r}]"
 
 
-@dataclass(frozen=True)
+@source_class
 class BuiltinSource(Source):
     builtin_name: str
 
@@ -79,7 +97,7 @@ class BuiltinSource(Source):
         return f"{env.builtins_name}[{self.builtin_name!r}]"
 
 
-@dataclass(frozen=True)
+@source_class
 class ClosureSource(Source):
     """Contents of closure cell `index` (co_freevars order)."""
     index: int
@@ -92,7 +110,7 @@ class ClosureSource(Source):
         return f"{env.cell_names[self.index]}.cell_contents"
 
 
-@dataclass(frozen=True)
+@source_class
 class _Chained(Source):
     base: Source
 
@@ -100,7 +118,7 @@ class _Chained(Source):
         return self.base.root()
 
 
-@dataclass(frozen=True)
+@source_class
 class AttrSource(_Chained):
     """`base.attr` through getattr (properties, descriptors, `nn.Module.__getattr__`)."""
     attr: str
@@ -112,7 +130,7 @@ class AttrSource(_Chained):
         return f"{self.base.to_python(env)}.{self.attr}"
 
 
-@dataclass(frozen=True)
+@source_class
 class DictOfSource(_Chained):
     """`base.__dict__`, read directly (how module parameters are reached without
     `nn.Module.__getattr__`: `DictOf(m) -> Item('_parameters') -> Item('weight')`)."""
@@ -124,7 +142,7 @@ class DictOfSource(_Chained):
         return f"{self.base.to_python(env)}.__dict__"
 
 
-@dataclass(frozen=True)
+@source_class
 class ItemSource(_Chained):
     """`base[key]` for a constant key (int index, str, or other hashable constant)."""
     key: Any
@@ -136,7 +154,7 @@ class ItemSource(_Chained):
         return f"{self.base.to_python(env)}[{self.key!r}]"
 
 
-@dataclass(frozen=True)
+@source_class
 class TypeSource(_Chained):
     """`type(base)`."""
 
@@ -147,7 +165,7 @@ class TypeSource(_Chained):
         return f"type({self.base.to_python(env)})"
 
 
-@dataclass(frozen=True)
+@source_class
 class LenSource(_Chained):
     """`len(base)`."""
 
