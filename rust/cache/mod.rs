@@ -1,6 +1,390 @@
-//! cache (placeholder: filled in by its owner).
-use pyo3::prelude::*;
+//! The per-code cache: compiled entries (`CacheEntry`) of each code object, kept in the code's
+//! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first against
+//! their guard trees, with a per-code size limit and global counters.
+//!
+//! Owns: entry storage and order, the limit and its one-time warning, the counters, `reset()`.
+//! Does not own: the frame hook (`crate::eval_frame`), guard evaluation (`crate::guards`).
+pub mod policy;
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyCode, PyDict};
+
+use crate::ffi::code_extra;
+use crate::guards::{GuardInput, GuardTree};
+use policy::EntryList;
+
+/// A compiled entry for one code object (see `_C.pyi`).
+#[pyclass(module = "ferrodyn._C", name = "CacheEntry", frozen)]
+pub struct CacheEntry {
+    func: Py<PyAny>,
+    guards: Py<GuardTree>,
+    backend_id: i64,
+    compile_id: String,
+    hits: AtomicU64,
+}
+
+#[pymethods]
+impl CacheEntry {
+    #[new]
+    #[pyo3(signature = (r#fn, guards, *, backend_id = 0, compile_id = String::new()))]
+    fn py_new(
+        r#fn: Bound<'_, PyAny>,
+        guards: Bound<'_, GuardTree>,
+        backend_id: i64,
+        compile_id: String,
+    ) -> PyResult<Self> {
+        if !r#fn.is_callable() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "CacheEntry: fn must be callable",
+            ));
+        }
+        Ok(CacheEntry {
+            func: r#fn.unbind(),
+            guards: guards.unbind(),
+            backend_id,
+            compile_id,
+            hits: AtomicU64::new(0),
+        })
+    }
+
+    #[getter(r#fn)]
+    fn get_fn(&self, py: Python<'_>) -> Py<PyAny> {
+        self.func.clone_ref(py)
+    }
+
+    #[getter]
+    fn guards(&self, py: Python<'_>) -> Py<GuardTree> {
+        self.guards.clone_ref(py)
+    }
+
+    #[getter]
+    fn backend_id(&self) -> i64 {
+        self.backend_id
+    }
+
+    #[getter]
+    fn compile_id(&self) -> &str {
+        &self.compile_id
+    }
+
+    #[getter]
+    fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let f = self
+            .func
+            .bind(py)
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        format!(
+            "<CacheEntry fn={f} compile_id={:?} hits={}>",
+            self.compile_id,
+            self.hits()
+        )
+    }
+}
+
+impl CacheEntry {
+    /// The entry's function.
+    pub fn func(&self) -> &Py<PyAny> {
+        &self.func
+    }
+
+    fn record_hit(&self) {
+        bump(&self.hits);
+    }
+}
+
+/// An entry as stored in a code's list (cheap to clone without the GIL).
+pub type EntryRef = Arc<Py<CacheEntry>>;
+
+/// Per-code flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CodeFlag {
+    Default = 0,
+    Skip = 1,
+    RunOnly = 2,
+}
+
+impl CodeFlag {
+    pub fn name(self) -> &'static str {
+        match self {
+            CodeFlag::Default => "default",
+            CodeFlag::Skip => "skip",
+            CodeFlag::RunOnly => "run_only",
+        }
+    }
+}
+
+/// Everything ferrodyn keeps for one code object (lives in its `co_extra`, dies with it).
+#[derive(Default)]
+pub struct CodeState {
+    entries: Mutex<EntryList<EntryRef>>,
+    /// The list's length, readable without the lock (the hook's pre-check).
+    len: AtomicUsize,
+    flag: AtomicU8,
+    warned: AtomicBool,
+}
+
+impl CodeState {
+    /// Locking never runs Python code (nothing is dropped or called under the lock), so the
+    /// lock cannot be re-entered; a poisoned lock (a panic elsewhere) is still usable.
+    fn lock(&self) -> MutexGuard<'_, EntryList<EntryRef>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn flag(&self) -> CodeFlag {
+        match self.flag.load(Ordering::Relaxed) {
+            1 => CodeFlag::Skip,
+            2 => CodeFlag::RunOnly,
+            _ => CodeFlag::Default,
+        }
+    }
+
+    pub fn set_flag(&self, f: CodeFlag) {
+        self.flag.store(f as u8, Ordering::Relaxed);
+    }
+
+    /// No entries (read without the lock; exact whenever no insert/reset runs concurrently).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
+    pub fn snapshot(&self) -> Arc<Vec<EntryRef>> {
+        self.lock().snapshot()
+    }
+
+    pub fn at_limit(&self) -> bool {
+        self.lock().at_limit(cache_size_limit())
+    }
+
+    /// Insert at the front; false (and nothing inserted) at the limit. The entry function's
+    /// own code (when it is a Python function with a code other than this one) is marked SKIP,
+    /// so that calling it on a hit runs its frame directly, as TorchDynamo runs a cached code's
+    /// frame; the frames it calls are intercepted as usual.
+    pub fn insert(&self, code: &Bound<'_, PyCode>, entry: EntryRef) -> bool {
+        mark_entry_code_skip(code, entry.get());
+        let refused = {
+            let mut l = self.lock();
+            let r = l.insert_front(entry, cache_size_limit()).err();
+            self.len.store(l.len(), Ordering::Relaxed);
+            r
+        };
+        match refused {
+            None => {
+                ENTRIES.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some((_, e)) => {
+                drop(e); // outside the lock
+                false
+            }
+        }
+    }
+
+    fn promote(&self, entry: &EntryRef) {
+        self.lock().promote(|e| Arc::ptr_eq(e, entry));
+    }
+
+    /// Drop every entry and clear the flags.
+    fn clear(&self) {
+        let old = {
+            let mut l = self.lock();
+            self.len.store(0, Ordering::Relaxed);
+            l.take_all()
+        };
+        self.set_flag(CodeFlag::Default);
+        self.warned.store(false, Ordering::Relaxed);
+        ENTRIES.fetch_sub(old.len() as i64, Ordering::Relaxed);
+        drop(old); // outside the lock: may run Python code
+    }
+
+    /// True the first time it is called since the last reset (for the one-time warning).
+    fn first_warning(&self) -> bool {
+        !self.warned.swap(true, Ordering::Relaxed)
+    }
+}
+
+impl Drop for CodeState {
+    fn drop(&mut self) {
+        let n = self
+            .entries
+            .get_mut()
+            .map(|l| l.len())
+            .unwrap_or_else(|p| p.into_inner().len());
+        ENTRIES.fetch_sub(n as i64, Ordering::Relaxed);
+    }
+}
+
+fn mark_entry_code_skip(code: &Bound<'_, PyCode>, entry: &CacheEntry) {
+    let f = entry.func.bind(code.py());
+    if !f.is_instance_of::<pyo3::types::PyFunction>() {
+        return;
+    }
+    if let Ok(c) = f.getattr("__code__") {
+        if let Ok(c) = c.cast::<PyCode>() {
+            if !c.is(code) {
+                if let Ok(st) = code_extra::state_or_init(c) {
+                    st.set_flag(CodeFlag::Skip);
+                }
+            }
+        }
+    }
+}
+
+// Counters since the last reset.
+static HITS: AtomicU64 = AtomicU64::new(0);
+static MISSES: AtomicU64 = AtomicU64::new(0);
+static GUARD_FAILURES: AtomicU64 = AtomicU64::new(0);
+static LIMIT_REACHED: AtomicU64 = AtomicU64::new(0);
+static ENTRIES: AtomicI64 = AtomicI64::new(0);
+static LIMIT: AtomicUsize = AtomicUsize::new(8);
+
+pub fn cache_size_limit() -> usize {
+    LIMIT.load(Ordering::Relaxed)
+}
+
+/// Add one to a counter that is only written with the GIL held: a plain load and store (no
+/// locked read-modify-write on the hot path); the GIL serialises the writers.
+#[inline]
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
+/// Count one callback call (a miss that consulted the callback).
+pub fn count_miss() {
+    bump(&MISSES);
+}
+
+/// The first entry of `state` whose guards pass on `input`, moved to the front (a hit), or None.
+pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> Option<EntryRef> {
+    let snap = state.snapshot();
+    for (i, e) in snap.iter().enumerate() {
+        let entry = e.get();
+        if entry.guards.get().check_input(py, input) {
+            entry.record_hit();
+            bump(&HITS);
+            if i != 0 {
+                state.promote(e);
+            }
+            return Some(Arc::clone(e));
+        }
+        bump(&GUARD_FAILURES);
+    }
+    None
+}
+
+/// `code` is at the limit and a frame of it will run normally: count it, and warn once per
+/// code object. An error means the warning was turned into an exception (warnings filter).
+pub fn limit_reached(code: &Bound<'_, PyCode>, state: &CodeState) -> PyResult<()> {
+    bump(&LIMIT_REACHED);
+    if state.first_warning() {
+        warn_limit(code)?;
+    }
+    Ok(())
+}
+
+fn warn_limit(code: &Bound<'_, PyCode>) -> PyResult<()> {
+    let py = code.py();
+    let name: String = code
+        .getattr("co_qualname")
+        .and_then(|n| n.extract())
+        .unwrap_or_else(|_| "?".into());
+    let file: String = code
+        .getattr("co_filename")
+        .and_then(|n| n.extract())
+        .unwrap_or_else(|_| "?".into());
+    let line: i64 = code
+        .getattr("co_firstlineno")
+        .and_then(|n| n.extract())
+        .unwrap_or(0);
+    let limit = cache_size_limit();
+    let msg = format!(
+        "ferrodyn: function '{name}' ({file}:{line}) reached the cache size limit ({limit} entries); \
+         its frames now run without compiling. Raise the limit with set_cache_size_limit() if \
+         the recompilations are expected."
+    );
+    let msg = CString::new(msg.replace('\0', "?")).unwrap_or_default();
+    PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &msg, 1)
+}
+
+fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCode>> {
+    code.cast::<PyCode>()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
+}
+
+#[pyfunction]
+fn cache_entries(py: Python<'_>, code: Bound<'_, PyAny>) -> PyResult<Vec<Py<CacheEntry>>> {
+    let code = as_code(&code)?;
+    Ok(match code_extra::state(code) {
+        Some(s) => s.snapshot().iter().map(|e| e.clone_ref(py)).collect(),
+        None => Vec::new(),
+    })
+}
+
+#[pyfunction]
+fn insert_entry(code: Bound<'_, PyAny>, entry: Bound<'_, CacheEntry>) -> PyResult<()> {
+    let code = as_code(&code)?;
+    let state = code_extra::state_or_init(code)?;
+    if !state.insert(code, Arc::new(entry.unbind())) {
+        limit_reached(code, state)?;
+    }
+    Ok(())
+}
+
+#[pyfunction]
+fn set_cache_size_limit(limit: i64) -> PyResult<()> {
+    if limit < 0 {
+        return Err(PyValueError::new_err("cache size limit must be >= 0"));
+    }
+    LIMIT.store(limit as usize, Ordering::Relaxed);
+    Ok(())
+}
+
+#[pyfunction]
+fn get_cache_size_limit() -> usize {
+    cache_size_limit()
+}
+
+#[pyfunction]
+fn cache_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("hits", HITS.load(Ordering::Relaxed))?;
+    d.set_item("misses", MISSES.load(Ordering::Relaxed))?;
+    d.set_item("guard_failures", GUARD_FAILURES.load(Ordering::Relaxed))?;
+    d.set_item("limit_reached", LIMIT_REACHED.load(Ordering::Relaxed))?;
+    d.set_item("entries", ENTRIES.load(Ordering::Relaxed).max(0))?;
+    Ok(d)
+}
+
+#[pyfunction]
+fn reset(py: Python<'_>) {
+    for code in code_extra::codes_with_state(py) {
+        if let Some(s) = code_extra::state(&code) {
+            s.clear();
+        }
+    }
+    for c in [&HITS, &MISSES, &GUARD_FAILURES, &LIMIT_REACHED] {
+        c.store(0, Ordering::Relaxed);
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CacheEntry>()?;
+    m.add_function(wrap_pyfunction!(cache_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(insert_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(set_cache_size_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(get_cache_size_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset, m)?)?;
     Ok(())
 }

@@ -1,6 +1,170 @@
-//! eval_frame (placeholder: filled in by its owner).
-use pyo3::prelude::*;
+//! The PEP 523 frame hook's policy: which frames are intercepted, what runs in their place, and
+//! the Python API around it (`set_eval_frame`, `skip_code`, ...).
+//!
+//! The raw hook (reading CPython's frame, calling the default evaluator, clearing replaced
+//! frames) is `crate::ffi::frame`; it asks [`on_frame`] what to do with each candidate frame.
+//! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
+//! callback (`thread`), the frame view (`view`). Does not own: entry storage (`crate::cache`)
+//! or guard evaluation (`crate::guards`).
+mod debug;
+mod thread;
+mod view;
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use pyo3::prelude::*;
+use pyo3::types::PyCode;
+
+use crate::cache::{self, CacheEntry, CodeFlag};
+use crate::ffi::code_extra;
+use crate::ffi::frame::{FrameAction, InterceptedFrame};
+use crate::guards::{GuardInput, Locals};
+pub use thread::{thread_mode, Mode};
+pub use view::FrameView;
+
+/// The hook's pre-check, before it attaches to Python: false when the frame certainly runs
+/// unchanged (its code is SKIP, or this thread only runs cached entries and the code has none).
+#[inline]
+pub fn worth_offering(mode: Mode, state: Option<&crate::cache::CodeState>) -> bool {
+    match state {
+        Some(st) if st.flag() == CodeFlag::Skip => false,
+        Some(st) => mode == Mode::Callback || !st.is_empty(),
+        None => mode == Mode::Callback,
+    }
+}
+
+/// The hit path: decide from the cache alone. `Some(action)` when decided (SKIP code, a hit,
+/// or nothing more to do), `None` when the miss path must run. Called by the hook without a
+/// pyo3 attach guard (the GIL is held), so it creates no `Py<T>` it would drop: objects it
+/// handles are borrowed or `Bound`.
+pub fn on_frame_cached(
+    frame: &InterceptedFrame<'_>,
+    state: Option<&crate::cache::CodeState>,
+    mode: Mode,
+) -> Option<FrameAction> {
+    let py = frame.py();
+    if let Some(st) = state {
+        if st.flag() == CodeFlag::Skip {
+            return Some(FrameAction::RunDefault);
+        }
+        let globals = frame.globals();
+        let builtins = frame.builtins();
+        let closure = frame.closure();
+        let input = GuardInput {
+            locals: Locals::Slots(frame.arg_slots()),
+            globals: Some(&*globals),
+            builtins: Some(&*builtins),
+            closure: closure.as_deref(),
+        };
+        if let Some(entry) = cache::lookup(py, st, &input) {
+            let f = entry.get().func().bind(py).clone();
+            return Some(FrameAction::Return(
+                frame.call_with_slots(&f).map(Bound::unbind),
+            ));
+        }
+    }
+    if mode != Mode::Callback || state.is_some_and(|s| s.flag() == CodeFlag::RunOnly) {
+        return Some(FrameAction::RunDefault);
+    }
+    None
+}
+
+/// The miss path (a callback is set and no entry passed): the limit, then the callback.
+pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
+    let py = frame.py();
+    let state = frame.code_state();
+    let code = frame.code().to_owned();
+    if let Some(st) = state {
+        if st.at_limit() {
+            return match cache::limit_reached(&code, st) {
+                Ok(()) => FrameAction::RunDefault,
+                Err(e) => FrameAction::Return(Err(e)),
+            };
+        }
+    }
+    let Some(cb) = thread::callback(py) else {
+        return FrameAction::RunDefault;
+    };
+    cache::count_miss();
+    debug::record_frame(frame.debug_fields());
+    let result = thread::with_callback_off(|| -> PyResult<Option<Bound<'_, CacheEntry>>> {
+        let view = Bound::new(py, FrameView::from_frame(frame)?)?;
+        let r = cb.bind(py).call1((view,))?;
+        if r.is_none() {
+            return Ok(None);
+        }
+        match r.cast_into::<CacheEntry>() {
+            Ok(e) => Ok(Some(e)),
+            Err(e) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "ferrodyn: the frame callback must return a CacheEntry or None, got {}",
+                e.into_inner()
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))),
+        }
+    });
+    match result {
+        Err(e) => FrameAction::Return(Err(e)),
+        Ok(None) => FrameAction::RunDefault,
+        Ok(Some(entry)) => {
+            let st = match code_extra::state_or_init(&code) {
+                Ok(s) => s,
+                Err(e) => return FrameAction::Return(Err(e)),
+            };
+            let f = entry.get().func().bind(py).clone();
+            if !st.insert(&code, std::sync::Arc::new(entry.unbind())) {
+                // The callback filled the cache itself meanwhile: still run what it returned.
+                if let Err(e) = cache::limit_reached(&code, st) {
+                    return FrameAction::Return(Err(e));
+                }
+            }
+            FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind))
+        }
+    }
+}
+
+fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCode>> {
+    code.cast::<PyCode>()
+        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("expected a code object"))
+}
+
+#[pyfunction]
+fn set_eval_frame(py: Python<'_>, callback: Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    thread::set(py, &callback)
+}
+
+#[pyfunction]
+fn get_eval_frame(py: Python<'_>) -> Py<PyAny> {
+    thread::current(py)
+}
+
+#[pyfunction]
+fn skip_code(code: Bound<'_, PyAny>) -> PyResult<()> {
+    code_extra::state_or_init(as_code(&code)?)?.set_flag(CodeFlag::Skip);
+    Ok(())
+}
+
+#[pyfunction]
+fn run_only_code(code: Bound<'_, PyAny>) -> PyResult<()> {
+    code_extra::state_or_init(as_code(&code)?)?.set_flag(CodeFlag::RunOnly);
+    Ok(())
+}
+
+#[pyfunction]
+fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
+    Ok(code_extra::state(as_code(&code)?)
+        .map(|s| s.flag())
+        .unwrap_or(CodeFlag::Default)
+        .name())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<FrameView>()?;
+    m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(skip_code, m)?)?;
+    m.add_function(wrap_pyfunction!(run_only_code, m)?)?;
+    m.add_function(wrap_pyfunction!(code_flags, m)?)?;
+    debug::register(m)?;
     Ok(())
 }

@@ -6,7 +6,12 @@
 //! Does not own: any policy (what to guard, when to compile); that lives in the subsystems.
 #![allow(unsafe_code)]
 
+pub mod code_extra;
 pub mod frame;
+#[cfg(not(Py_3_12))]
+pub mod frame311;
+#[cfg(Py_3_12)]
+pub mod frame312;
 pub mod slots;
 pub mod tensor;
 

@@ -1,1 +1,227 @@
-//! Raw reads of torch tensor objects (`THPVariable` -> `TensorImpl`), verified at import.
+//! Raw reads of torch tensor objects (`THPVariable` -> `TensorImpl` -> `AutogradMeta`), plus the
+//! two raw object reads guard accessors need (a cell's contents, an instance `__dict__`).
+//!
+//! Nothing here knows torch's layout by heart: `crate::tensor::calibrate` finds the offsets at
+//! run time by looking for distinctive values in sample tensors, verifies them on a broad set
+//! against the Python API and only then calls [`install_layout`]. Until then (or if
+//! verification failed) [`read_tensor`] returns None and callers take the Python path.
+//!
+//! Structures read (torch 2.x, 64-bit; names from the headers, offsets never hard-coded):
+//! - `THPVariable` (torch/csrc/autograd/python_variable.h): `PyObject_HEAD; at::Tensor cdata;`
+//!   where `at::Tensor` is one `intrusive_ptr<TensorImpl>` (a `TensorImpl*`, as `Tensor._cdata`).
+//! - `TensorImpl` (c10/core/TensorImpl.h): `autograd_meta_` (unique_ptr), `sizes_and_strides_`
+//!   (`c10::impl::SizesAndStrides`, c10/core/impl/SizesAndStrides.h: `size_t size_; union {
+//!   int64_t* outOfLineStorage_; int64_t inlineStorage_[10]; }`, sizes then strides, inline
+//!   for up to 5 dims), `data_type_` (u16 `TypeMeta` index), `device_opt_` (3 bytes:
+//!   `DeviceType` i8, `DeviceIndex` i8, engaged flag), the policy bitfields, `key_set_` (u64).
+//! - `AutogradMeta` (torch/csrc/autograd/variable.h): vtable, ..., `grad_fn_`, ...,
+//!   `requires_grad_`; views use a subclass (another vtable) whose `requires_grad()` also looks at
+//!   the base, so for those [`TensorRaw::requires_grad`] is None.
+#![allow(unsafe_code)]
+
+use std::sync::OnceLock;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::Borrowed;
+
+/// Largest prefix of a `TensorImpl` that calibration may copy: `key_set_`, the last member, ends
+/// at 176 bytes on the builds seen (the header asserts sizeof <= 208), and glibc's usable size
+/// for a 176-byte allocation is 184.
+pub const IMPL_SCAN: usize = 176;
+/// Prefix of an `AutogradMeta` that calibration may copy (requires_grad_ sits at 128 on the
+/// builds seen; the struct continues with output_nr_, grad_dtype_ and a mutex).
+pub const AUTOGRAD_SCAN: usize = 136;
+
+/// Offsets found by calibration (bytes). See the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// `PyTypeObject*` of `torch._C.TensorBase` (immortal for our purposes: torch never
+    /// unloads), used to check that an object has the THPVariable layout before reading it.
+    pub tensor_base: usize,
+    pub cdata: usize,
+    pub autograd_meta: usize,
+    pub sizes_strides: usize,
+    pub dtype: usize,
+    pub device: usize,
+    /// The policy bitfields: `flags_len` bytes at `flags`, little-endian.
+    pub flags: usize,
+    pub flags_len: usize,
+    /// Bits of the flags word that select custom sizes/strides/device/layout policies.
+    pub policy_mask: u32,
+    pub keys: usize,
+    pub am_vtable: usize,
+    pub am_grad_fn: usize,
+    pub am_requires_grad: usize,
+}
+
+static LAYOUT: OnceLock<TensorLayout> = OnceLock::new();
+
+/// Enable direct reads. The caller (calibration) must have verified `l` against the Python API.
+pub fn install_layout(l: TensorLayout) -> bool {
+    LAYOUT.set(l).is_ok() || LAYOUT.get() == Some(&l)
+}
+
+pub fn layout() -> Option<&'static TensorLayout> {
+    LAYOUT.get()
+}
+
+/// What a tensor leaf reads, borrowed from the `TensorImpl` (valid while the tensor is alive
+/// and no Python code runs: use it at once).
+pub struct TensorRaw<'a> {
+    pub keys: u64,
+    pub dtype: u16,
+    /// `[DeviceType, DeviceIndex, engaged]`.
+    pub device: [u8; 3],
+    /// Flags word masked by `policy_mask`: non-zero means sizes/strides/device/layout are
+    /// answered by custom code, so the raw fields must not be trusted.
+    pub policy: u32,
+    pub sizes: &'a [i64],
+    pub strides: &'a [i64],
+    /// None where the autograd metadata is of a kind we do not read (views).
+    pub requires_grad: Option<bool>,
+}
+
+#[inline]
+fn is_tensor(obj: *mut ffi::PyObject, base: usize) -> bool {
+    // SAFETY: obj is a live object (borrowed by the caller); PyType_IsSubtype only reads types.
+    unsafe {
+        let tp = ffi::Py_TYPE(obj);
+        tp as usize == base || ffi::PyType_IsSubtype(tp, base as *mut ffi::PyTypeObject) != 0
+    }
+}
+
+/// Read a tensor's metadata directly, or None if reads are not enabled, `obj` is not a tensor,
+/// or its sizes are not stored in the plain way.
+#[inline]
+pub fn read_tensor<'a>(obj: &'a Bound<'_, PyAny>) -> Option<TensorRaw<'a>> {
+    read_tensor_with(obj, LAYOUT.get()?)
+}
+
+/// [`read_tensor`] with a given layout: only for calibration's verification step, with a
+/// layout that calibration located on its probes.
+#[inline]
+pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Option<TensorRaw<'a>> {
+    let o = obj.as_ptr();
+    if !is_tensor(o, l.tensor_base) {
+        return None;
+    }
+    // SAFETY: `o` is a THPVariable (checked above) whose `cdata` member, at the verified offset,
+    // holds a TensorImpl* that stays alive as long as the Python object does (borrowed for 'a).
+    // Every offset read below was located and verified by calibration, and lies inside the
+    // TensorImpl (or the AutogradMeta / out-of-line sizes array it points to).
+    unsafe {
+        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
+        if imp.is_null() {
+            return None;
+        }
+        let mut fl = [0u8; 4];
+        std::ptr::copy_nonoverlapping(imp.add(l.flags), fl.as_mut_ptr(), l.flags_len);
+        let policy = u32::from_le_bytes(fl) & l.policy_mask;
+        let keys = *(imp.add(l.keys) as *const u64);
+        let dtype = *(imp.add(l.dtype) as *const u16);
+        let mut device = [0u8; 3];
+        std::ptr::copy_nonoverlapping(imp.add(l.device), device.as_mut_ptr(), 3);
+        let sas = imp.add(l.sizes_strides);
+        let n = *(sas as *const usize);
+        if n > 64 {
+            return None;
+        }
+        let (sizes, strides) = if n <= 5 {
+            let base = sas.add(8) as *const i64;
+            (std::slice::from_raw_parts(base, n), std::slice::from_raw_parts(base.add(5), n))
+        } else {
+            let base = *(sas.add(8) as *const *const i64);
+            if base.is_null() {
+                return None;
+            }
+            (std::slice::from_raw_parts(base, n), std::slice::from_raw_parts(base.add(n), n))
+        };
+        let am = *(imp.add(l.autograd_meta) as *const *const u8);
+        let requires_grad = if am.is_null() {
+            Some(false)
+        } else if *(am as *const usize) != l.am_vtable {
+            None
+        } else {
+            let rg = *am.add(l.am_requires_grad) != 0;
+            let grad_fn = *(am.add(l.am_grad_fn) as *const usize);
+            Some(rg || grad_fn != 0)
+        };
+        Some(TensorRaw { keys, dtype, device, policy, sizes, strides, requires_grad })
+    }
+}
+
+// -- calibration reads (bounded copies; only used before a layout is installed) -------------
+
+/// The first `n` machine words of `obj`, bounded by its type's `tp_basicsize`.
+pub fn object_words(obj: &Bound<'_, PyAny>, n: usize) -> Vec<usize> {
+    let o = obj.as_ptr();
+    // SAFETY: an object has at least tp_basicsize bytes; we read whole words below it.
+    unsafe {
+        let basic = (*ffi::Py_TYPE(o)).tp_basicsize as usize;
+        let k = n.min(basic / 8);
+        (0..k).map(|i| *((o as *const usize).add(i))).collect()
+    }
+}
+
+/// A copy of the first `n` (<= IMPL_SCAN) bytes of the TensorImpl of `obj`, provided `obj` is a
+/// TensorBase instance whose word at `cdata` (inside its basic size) equals `expect_impl` (the
+/// `_cdata` Python reports for it).
+pub fn impl_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, n: usize) -> Option<Vec<u8>> {
+    if n > IMPL_SCAN || cdata % 8 != 0 || !is_tensor(obj.as_ptr(), tensor_base) {
+        return None;
+    }
+    let words = object_words(obj, cdata / 8 + 1);
+    if words.len() <= cdata / 8 || words[cdata / 8] != expect_impl || expect_impl == 0 {
+        return None;
+    }
+    // SAFETY: expect_impl is the live TensorImpl of obj (torch says so through _cdata and the
+    // object holds it); TensorImpl is at least IMPL_SCAN bytes readable (see IMPL_SCAN).
+    unsafe { Some(std::slice::from_raw_parts(expect_impl as *const u8, n).to_vec()) }
+}
+
+/// A copy of the first `n` (<= AUTOGRAD_SCAN) bytes of the object that the word at `am` of the
+/// TensorImpl of `obj` points to (checked as in [`impl_bytes`]); None if null.
+pub fn autograd_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, am: usize, n: usize) -> Option<Vec<u8>> {
+    if n > AUTOGRAD_SCAN || am % 8 != 0 {
+        return None;
+    }
+    let imp = impl_bytes(obj, tensor_base, cdata, expect_impl, am + 8)?;
+    let p = usize::from_le_bytes(imp[am..am + 8].try_into().ok()?);
+    if p == 0 || p % 8 != 0 {
+        return None;
+    }
+    // SAFETY: calibration only calls this with `am` located as the unique word that is null
+    // for a tensor without autograd metadata and set for one with it: the AutogradMeta pointer.
+    unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
+}
+
+// -- object reads used by guard accessors ---------------------------------------------------
+
+/// The contents of a cell object, None if empty or not a cell.
+pub fn cell_contents<'py>(cell: &Borrowed<'_, 'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let c = cell.as_ptr();
+    // SAFETY: c is live; PyCell_Type is CPython's cell type; PyCell_Get returns a new reference
+    // (or NULL with an exception set only if c is not a cell, which we ruled out).
+    unsafe {
+        if ffi::Py_TYPE(c) != std::ptr::addr_of_mut!(ffi::PyCell_Type) {
+            return None;
+        }
+        let v = ffi::PyCell_Get(c);
+        Bound::from_owned_ptr_or_opt(cell.py(), v)
+    }
+}
+
+/// `obj.__dict__` read directly (PyObject_GenericGetDict: no `__getattr__`/`__getattribute__`);
+/// None if the object has no instance dict.
+pub fn instance_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    // SAFETY: obj is live; the call returns a new reference or NULL with an exception set.
+    unsafe {
+        let d = ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut());
+        if d.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(Bound::from_owned_ptr(obj.py(), d))
+    }
+}

@@ -1,12 +1,26 @@
 //! Guard trees: accessors (local slot, global, builtin, attribute, item, type, len, closure cell,
 //! `__dict__`, tensor size/stride) with leaf checks, built from Python through `GuardBuilder`.
 //!
-//! PLACEHOLDER (owned by the guards work): the types and signatures below are the contract the
-//! cache uses (`GuardTree::check_input`); the implementation here passes every check.
+//! Files: `access` (how a node's value is read from its parent), `consts` (the constants of
+//! `equals`), `leaves` (the checks and their explanations), `tree` (the immutable tree and its
+//! evaluation), `builder` (the Python-facing builder and node handles), `global_state` (torch's
+//! grad mode / default dtype / determinism / autocast snapshot). Tensor metadata reads live in
+//! `crate::tensor`. No leaf ever calls back into user Python code on purpose; errors raised by
+//! user code during accessors (a property raising) count as guard failure.
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::ffi::slots::Slots;
+
+mod access;
+mod builder;
+mod consts;
+pub mod global_state;
+mod leaves;
+mod tree;
+
+pub use builder::{GuardBuilder, GuardNode};
+pub use tree::GuardTree;
 
 /// The argument locals a tree reads: a frame's slots, or a name->value mapping from Python.
 pub enum Locals<'a, 'py> {
@@ -22,35 +36,11 @@ pub struct GuardInput<'a, 'py> {
     pub closure: Option<&'a Bound<'py, PyTuple>>,
 }
 
-#[pyclass(module = "ferrodyn._C", name = "GuardTree", frozen)]
-pub struct GuardTree {}
-
-impl GuardTree {
-    /// The hot-path check: true if every guard passes. Never raises (errors count as failure).
-    pub fn check_input(&self, _py: Python<'_>, _input: &GuardInput<'_, '_>) -> bool {
-        true
-    }
-}
-
-#[pyclass(module = "ferrodyn._C", name = "GuardBuilder")]
-pub struct GuardBuilder {}
-
-#[pymethods]
-impl GuardBuilder {
-    #[new]
-    #[pyo3(signature = (f_globals=None, f_builtins=None))]
-    fn py_new(f_globals: Option<Bound<'_, PyDict>>, f_builtins: Option<Bound<'_, PyDict>>) -> Self {
-        let _ = (f_globals, f_builtins);
-        GuardBuilder {}
-    }
-
-    fn build(&mut self) -> GuardTree {
-        GuardTree {}
-    }
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GuardTree>()?;
     m.add_class::<GuardBuilder>()?;
+    m.add_class::<GuardNode>()?;
     Ok(())
 }
+
+pub(crate) use leaves::{type_name, IdRef};

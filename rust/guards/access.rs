@@ -1,0 +1,148 @@
+//! Accessors: how a node's value is computed from its parent's (or, for roots, from the input).
+//! A failed access (missing attribute or key, empty cell, a raising property) yields `None`,
+//! which fails every leaf below it; nothing here raises.
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
+
+use super::{GuardInput, Locals};
+use crate::ffi::tensor as raw;
+
+/// One step of a path. Roots read the input; the rest read their parent's value.
+pub(crate) enum Access {
+    Local { index: usize, name: Py<PyString> },
+    Global(Py<PyString>),
+    Builtin(Py<PyString>),
+    Closure(usize),
+    Attr(Py<PyString>),
+    /// `key` with, for int keys, the index used on exact lists and tuples.
+    Item { key: Py<PyAny>, index: Option<isize> },
+    DictOf,
+    TypeOf,
+    LenOf,
+    TensorSize(i64),
+    TensorStride(i64),
+}
+
+/// What makes two paths the same (deduplication key), without pyo3 types.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum AccessKey {
+    Local(usize, String),
+    Global(String),
+    Builtin(String),
+    Closure(usize),
+    Attr(String),
+    Item(String),
+    DictOf,
+    TypeOf,
+    LenOf,
+    TensorSize(i64),
+    TensorStride(i64),
+}
+
+impl AccessKey {
+    /// The node's source expression given its parent's.
+    pub(crate) fn source(&self, parent: &str, key_repr: &str) -> String {
+        match self {
+            AccessKey::Local(_, n) => format!("L[{}]", quote(n)),
+            AccessKey::Global(n) => format!("G[{}]", quote(n)),
+            AccessKey::Builtin(n) => format!("B[{}]", quote(n)),
+            AccessKey::Closure(_) => format!("C[{key_repr}]"),
+            AccessKey::Attr(n) => format!("{parent}.{n}"),
+            AccessKey::Item(_) => format!("{parent}[{key_repr}]"),
+            AccessKey::DictOf => format!("{parent}.__dict__"),
+            AccessKey::TypeOf => format!("type({parent})"),
+            AccessKey::LenOf => format!("len({parent})"),
+            AccessKey::TensorSize(d) => format!("{parent}.size()[{d}]"),
+            AccessKey::TensorStride(d) => format!("{parent}.stride()[{d}]"),
+        }
+    }
+}
+
+/// Python-style single-quoted string literal (for names, which are identifiers in practice).
+pub(crate) fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Defaults a tree falls back on when the input does not carry globals/builtins.
+pub(crate) struct Defaults<'a, 'py> {
+    pub globals: Option<&'a Bound<'py, PyDict>>,
+    pub builtins: Option<&'a Bound<'py, PyDict>>,
+}
+
+impl Access {
+    /// Read a root node's value from the input.
+    pub(crate) fn read_root<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        defaults: &Defaults<'_, 'py>,
+    ) -> Option<Bound<'py, PyAny>> {
+        match self {
+            Access::Local { index, name } => match &input.locals {
+                Locals::Slots(s) => s.get(py, *index).map(|b| b.to_owned()),
+                Locals::Mapping(m) => {
+                    if let Ok(d) = m.cast_exact::<PyDict>() {
+                        d.get_item(name.bind(py)).ok().flatten()
+                    } else {
+                        m.get_item(name.bind(py)).ok()
+                    }
+                }
+            },
+            Access::Global(name) => {
+                let g = input.globals.or(defaults.globals)?;
+                g.get_item(name.bind(py)).ok().flatten()
+            }
+            Access::Builtin(name) => {
+                let b = input.builtins.or(defaults.builtins)?;
+                b.get_item(name.bind(py)).ok().flatten()
+            }
+            Access::Closure(index) => {
+                let cells = input.closure?;
+                let cell = cells.get_borrowed_item(*index).ok()?;
+                raw::cell_contents(&cell)
+            }
+            _ => None,
+        }
+    }
+
+    /// Read a child node's value from its parent's.
+    pub(crate) fn read_child<'py>(&self, parent: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+        let py = parent.py();
+        match self {
+            Access::Attr(name) => parent.getattr(name.bind(py)).ok(),
+            Access::Item { key, index } => {
+                if let Some(i) = *index {
+                    if let Ok(t) = parent.cast_exact::<PyTuple>() {
+                        let n = t.len() as isize;
+                        let j = if i < 0 { i + n } else { i };
+                        return if (0..n).contains(&j) { t.get_item(j as usize).ok() } else { None };
+                    }
+                    if let Ok(l) = parent.cast_exact::<PyList>() {
+                        let n = l.len() as isize;
+                        let j = if i < 0 { i + n } else { i };
+                        return if (0..n).contains(&j) { l.get_item(j as usize).ok() } else { None };
+                    }
+                }
+                if let Ok(d) = parent.cast_exact::<PyDict>() {
+                    return d.get_item(key.bind(py)).ok().flatten();
+                }
+                parent.get_item(key.bind(py)).ok()
+            }
+            Access::DictOf => raw::instance_dict(parent),
+            Access::TypeOf => Some(parent.get_type().into_any()),
+            Access::LenOf => {
+                let n = parent.len().ok()?;
+                Some(PyInt::new(py, n as u64).into_any())
+            }
+            Access::TensorSize(d) => {
+                let v = crate::tensor::size_or_stride(parent, *d, false)?;
+                Some(PyInt::new(py, v).into_any())
+            }
+            Access::TensorStride(d) => {
+                let v = crate::tensor::size_or_stride(parent, *d, true)?;
+                Some(PyInt::new(py, v).into_any())
+            }
+            _ => None,
+        }
+    }
+}

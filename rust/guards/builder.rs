@@ -1,0 +1,257 @@
+//! `GuardBuilder` (the Python-facing way to build a tree) and `GuardNode` (a handle on one
+//! accessor). Accessors are deduplicated by path; leaves are sorted into evaluation order at
+//! `build()`.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyModule, PyString};
+
+use super::access::{quote, Access, AccessKey};
+use super::consts::Const;
+use super::global_state::Snapshot;
+use super::leaves::{describe_obj, IdRef, Leaf, LeafKind};
+use super::tree::{GuardTree, Node};
+use crate::error::{Error, Result};
+use crate::tensor::TensorSpec;
+
+static NEXT_BUILDER: AtomicU64 = AtomicU64::new(1);
+
+/// An accessor in a tree under construction.
+#[pyclass(module = "ferrodyn._C", name = "GuardNode", frozen)]
+pub struct GuardNode {
+    builder: u64,
+    index: usize,
+    source: String,
+}
+
+#[pymethods]
+impl GuardNode {
+    #[getter]
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<GuardNode {}>", self.source)
+    }
+}
+
+#[pyclass(module = "ferrodyn._C", name = "GuardBuilder")]
+pub struct GuardBuilder {
+    id: u64,
+    nodes: Vec<Node>,
+    depth: Vec<usize>,
+    keys: HashMap<(Option<usize>, AccessKey), usize>,
+    leaves: Vec<Leaf>,
+    globals: Option<Py<PyDict>>,
+    builtins: Option<Py<PyDict>>,
+    built: bool,
+}
+
+impl GuardBuilder {
+    fn live(&self) -> Result<()> {
+        if self.built {
+            Err(Error::Value("this GuardBuilder has already built its tree".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn own(&self, node: &GuardNode) -> Result<usize> {
+        if node.builder != self.id {
+            return Err(Error::Value(format!("{} belongs to another GuardBuilder", node.source)));
+        }
+        Ok(node.index)
+    }
+
+    fn node(&mut self, parent: Option<&GuardNode>, key: AccessKey, key_repr: &str, access: Access) -> Result<GuardNode> {
+        self.live()?;
+        let p = match parent {
+            Some(n) => Some(self.own(n)?),
+            None => None,
+        };
+        let index = match self.keys.get(&(p, key.clone())) {
+            Some(&i) => i,
+            None => {
+                let psrc = p.map(|i| self.nodes[i].source.clone()).unwrap_or_default();
+                let source = key.source(&psrc, key_repr);
+                let i = self.nodes.len();
+                self.nodes.push(Node { access, parent: p, source });
+                self.depth.push(p.map(|i| self.depth[i] + 1).unwrap_or(0));
+                self.keys.insert((p, key), i);
+                i
+            }
+        };
+        Ok(GuardNode { builder: self.id, index, source: self.nodes[index].source.clone() })
+    }
+
+    fn leaf(&mut self, node: Option<&GuardNode>, kind: LeafKind, expr: String) -> Result<()> {
+        self.live()?;
+        let n = match node {
+            Some(n) => Some(self.own(n)?),
+            None => None,
+        };
+        let depth = n.map(|i| self.depth[i]).unwrap_or(0);
+        let source = n.map(|i| self.nodes[i].source.clone()).unwrap_or_default();
+        let order = (kind.class(), depth, self.leaves.len());
+        self.leaves.push(Leaf { node: n, kind, expr, source, order });
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl GuardBuilder {
+    #[new]
+    #[pyo3(signature = (f_globals=None, f_builtins=None))]
+    fn py_new(py: Python<'_>, f_globals: Option<Bound<'_, PyDict>>, f_builtins: Option<Bound<'_, PyDict>>) -> PyResult<Self> {
+        let builtins = match f_builtins {
+            Some(b) => b.unbind(),
+            None => PyModule::import(py, "builtins")?.dict().unbind(),
+        };
+        Ok(GuardBuilder {
+            id: NEXT_BUILDER.fetch_add(1, Ordering::Relaxed),
+            nodes: Vec::new(),
+            depth: Vec::new(),
+            keys: HashMap::new(),
+            leaves: Vec::new(),
+            globals: f_globals.map(|g| g.unbind()),
+            builtins: Some(builtins),
+            built: false,
+        })
+    }
+
+    // -- accessors ------------------------------------------------------------------------
+
+    fn local(&mut self, py: Python<'_>, index: usize, name: &str) -> Result<GuardNode> {
+        let access = Access::Local { index, name: PyString::intern(py, name).unbind() };
+        self.node(None, AccessKey::Local(index, name.to_owned()), "", access)
+    }
+
+    fn global_(&mut self, py: Python<'_>, name: &str) -> Result<GuardNode> {
+        let access = Access::Global(PyString::intern(py, name).unbind());
+        self.node(None, AccessKey::Global(name.to_owned()), "", access)
+    }
+
+    fn builtin(&mut self, py: Python<'_>, name: &str) -> Result<GuardNode> {
+        let access = Access::Builtin(PyString::intern(py, name).unbind());
+        self.node(None, AccessKey::Builtin(name.to_owned()), "", access)
+    }
+
+    fn closure_cell(&mut self, index: usize, name: &str) -> Result<GuardNode> {
+        self.node(None, AccessKey::Closure(index), &quote(name), Access::Closure(index))
+    }
+
+    fn attr(&mut self, py: Python<'_>, parent: PyRef<'_, GuardNode>, name: &str) -> Result<GuardNode> {
+        let access = Access::Attr(PyString::intern(py, name).unbind());
+        self.node(Some(&parent), AccessKey::Attr(name.to_owned()), "", access)
+    }
+
+    fn item(&mut self, parent: PyRef<'_, GuardNode>, key: &Bound<'_, PyAny>) -> Result<GuardNode> {
+        let repr = key.repr()?.to_string();
+        let dedup = match Const::from_py(key) {
+            Ok(_) => format!("{}:{}", super::leaves::type_name(key), repr),
+            Err(_) => format!("id:{:#x}", key.as_ptr() as usize),
+        };
+        let index = if key.is_exact_instance_of::<PyInt>() { key.extract::<isize>().ok() } else { None };
+        let access = Access::Item { key: key.clone().unbind(), index };
+        self.node(Some(&parent), AccessKey::Item(dedup), &repr, access)
+    }
+
+    fn dict_of(&mut self, parent: PyRef<'_, GuardNode>) -> Result<GuardNode> {
+        self.node(Some(&parent), AccessKey::DictOf, "", Access::DictOf)
+    }
+
+    fn type_of(&mut self, parent: PyRef<'_, GuardNode>) -> Result<GuardNode> {
+        self.node(Some(&parent), AccessKey::TypeOf, "", Access::TypeOf)
+    }
+
+    fn len_of(&mut self, parent: PyRef<'_, GuardNode>) -> Result<GuardNode> {
+        self.node(Some(&parent), AccessKey::LenOf, "", Access::LenOf)
+    }
+
+    fn tensor_size(&mut self, parent: PyRef<'_, GuardNode>, dim: i64) -> Result<GuardNode> {
+        self.node(Some(&parent), AccessKey::TensorSize(dim), "", Access::TensorSize(dim))
+    }
+
+    fn tensor_stride(&mut self, parent: PyRef<'_, GuardNode>, dim: i64) -> Result<GuardNode> {
+        self.node(Some(&parent), AccessKey::TensorStride(dim), "", Access::TensorStride(dim))
+    }
+
+    // -- leaves ---------------------------------------------------------------------------
+
+    fn type_is(&mut self, node: PyRef<'_, GuardNode>, typ: &Bound<'_, PyAny>) -> Result<()> {
+        let t = typ.cast::<pyo3::types::PyType>().map_err(|_| {
+            Error::Type(format!("type_is() needs a type, got {}", describe_obj(typ)))
+        })?;
+        let name = t.name()?.to_string();
+        let expr = format!("type({}) is {name}", node.source);
+        self.leaf(Some(&node), LeafKind::TypeIs(IdRef::new(typ)), expr)
+    }
+
+    fn is_(&mut self, node: PyRef<'_, GuardNode>, obj: &Bound<'_, PyAny>) -> Result<()> {
+        let expr = format!("{} is {}", node.source, describe_obj(obj));
+        self.leaf(Some(&node), LeafKind::Is(IdRef::new(obj)), expr)
+    }
+
+    fn is_none(&mut self, node: PyRef<'_, GuardNode>) -> Result<()> {
+        let expr = format!("{} is None", node.source);
+        self.leaf(Some(&node), LeafKind::IsNone, expr)
+    }
+
+    fn is_not_none(&mut self, node: PyRef<'_, GuardNode>) -> Result<()> {
+        let expr = format!("{} is not None", node.source);
+        self.leaf(Some(&node), LeafKind::IsNotNone, expr)
+    }
+
+    fn equals(&mut self, node: PyRef<'_, GuardNode>, value: &Bound<'_, PyAny>) -> Result<()> {
+        let c = Const::from_py(value)?;
+        let expr = format!("{} == {}", node.source, value.repr()?);
+        self.leaf(Some(&node), LeafKind::Equals(c), expr)
+    }
+
+    fn length_is(&mut self, node: PyRef<'_, GuardNode>, n: usize) -> Result<()> {
+        let expr = format!("len({}) == {n}", node.source);
+        self.leaf(Some(&node), LeafKind::LengthIs(n), expr)
+    }
+
+    fn dict_keys(&mut self, node: PyRef<'_, GuardNode>, keys: &Bound<'_, PyAny>) -> Result<()> {
+        let keys: Vec<Bound<'_, PyAny>> = keys.try_iter()?.collect::<PyResult<_>>()?;
+        let reprs = keys.iter().map(|k| k.repr().map(|r| r.to_string())).collect::<PyResult<Vec<_>>>()?;
+        let expr = format!("list({}.keys()) == [{}]", node.source, reprs.join(", "));
+        let keys = keys.into_iter().map(|k| k.unbind()).collect();
+        self.leaf(Some(&node), LeafKind::DictKeys(keys), expr)
+    }
+
+    #[pyo3(signature = (node, example, *, dynamic_dims=Vec::new(), check_strides=true))]
+    fn tensor_match(
+        &mut self,
+        node: PyRef<'_, GuardNode>,
+        example: &Bound<'_, PyAny>,
+        dynamic_dims: Vec<i64>,
+        check_strides: bool,
+    ) -> Result<()> {
+        let spec = TensorSpec::new(example, &dynamic_dims, check_strides)?;
+        let expr = spec.describe(&node.source);
+        self.leaf(Some(&node), LeafKind::Tensor(Box::new(spec)), expr)
+    }
+
+    fn global_state(&mut self, py: Python<'_>) -> Result<()> {
+        let snap = Snapshot::capture(py)?;
+        let expr = snap.describe();
+        self.leaf(None, LeafKind::GlobalState(Box::new(snap)), expr)
+    }
+
+    fn build(&mut self) -> Result<GuardTree> {
+        self.live()?;
+        self.built = true;
+        let mut leaves = std::mem::take(&mut self.leaves);
+        leaves.sort_by_key(|l| l.order);
+        Ok(GuardTree {
+            nodes: std::mem::take(&mut self.nodes),
+            leaves,
+            globals: self.globals.take(),
+            builtins: self.builtins.take(),
+        })
+    }
+}

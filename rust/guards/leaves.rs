@@ -1,0 +1,177 @@
+//! Leaf checks and their lazily built explanations. Each leaf knows its source expression;
+//! `check` is the hot path, `explain` runs only after a failure.
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyWeakrefReference};
+use pyo3::types::PyWeakrefMethods;
+
+use super::consts::{is_showable, Const};
+use super::global_state::Snapshot;
+use crate::tensor::TensorSpec;
+
+/// An object held for identity comparison: weakly where it can be (the guard fails once it
+/// died and never keeps it alive), strongly otherwise (ints, None, tuples...).
+pub(crate) enum IdRef {
+    Weak { addr: usize, r: Py<PyWeakrefReference> },
+    Strong(Py<PyAny>),
+}
+
+impl IdRef {
+    pub(crate) fn new(obj: &Bound<'_, PyAny>) -> IdRef {
+        match PyWeakrefReference::new(obj) {
+            Ok(r) => IdRef::Weak { addr: obj.as_ptr() as usize, r: r.unbind() },
+            Err(_) => IdRef::Strong(obj.clone().unbind()),
+        }
+    }
+
+    /// Whether `ptr` is this object (and it is still alive).
+    #[inline]
+    pub(crate) fn is(&self, py: Python<'_>, ptr: *mut pyo3::ffi::PyObject) -> bool {
+        match self {
+            IdRef::Weak { addr, r } => *addr == ptr as usize && r.bind(py).upgrade().is_some(),
+            IdRef::Strong(o) => o.as_ptr() == ptr,
+        }
+    }
+
+    pub(crate) fn alive(&self, py: Python<'_>) -> bool {
+        match self {
+            IdRef::Weak { r, .. } => r.bind(py).upgrade().is_some(),
+            IdRef::Strong(_) => true,
+        }
+    }
+}
+
+pub(crate) enum LeafKind {
+    TypeIs(IdRef),
+    Is(IdRef),
+    IsNone,
+    IsNotNone,
+    Equals(Const),
+    LengthIs(usize),
+    DictKeys(Vec<Py<PyAny>>),
+    Tensor(Box<TensorSpec>),
+    GlobalState(Box<Snapshot>),
+}
+
+impl LeafKind {
+    /// Evaluation class: cheaper classes run first across the whole tree.
+    pub(crate) fn class(&self) -> u8 {
+        match self {
+            LeafKind::TypeIs(_) | LeafKind::Is(_) | LeafKind::IsNone | LeafKind::IsNotNone => 0,
+            LeafKind::Equals(_) | LeafKind::LengthIs(_) | LeafKind::DictKeys(_) => 1,
+            LeafKind::GlobalState(_) => 2,
+            LeafKind::Tensor(_) => 3,
+        }
+    }
+}
+
+pub(crate) struct Leaf {
+    /// The node whose value is checked (None for global state).
+    pub node: Option<usize>,
+    pub kind: LeafKind,
+    /// The leaf's expression, e.g. "type(L['y']) is int".
+    pub expr: String,
+    /// Source of the checked node (for tensor explanations).
+    pub source: String,
+    pub order: (u8, usize, usize),
+}
+
+impl Leaf {
+    /// The hot-path check on the node's value (never raises).
+    #[inline]
+    pub(crate) fn check(&self, py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> bool {
+        match &self.kind {
+            LeafKind::GlobalState(s) => s.check(py),
+            kind => match v {
+                None => false,
+                Some(v) => check_value(kind, py, v),
+            },
+        }
+    }
+
+    /// Why the leaf fails on `v` (called only after `check` returned false).
+    pub(crate) fn explain(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> String {
+        let got = |x: &Bound<'_, PyAny>| -> String {
+            if is_showable(x) {
+                x.repr().map(|r| format!(" (got {})", short(&r.to_string()))).unwrap_or_default()
+            } else {
+                format!(" (got an object of type {})", type_name(x))
+            }
+        };
+        match &self.kind {
+            LeafKind::TypeIs(id) => {
+                if !id.alive(py) {
+                    format!("{} (the type has died)", self.expr)
+                } else {
+                    format!("{} (got {})", self.expr, type_name(v))
+                }
+            }
+            LeafKind::Is(id) => {
+                if !id.alive(py) {
+                    format!("{} (the object has died)", self.expr)
+                } else {
+                    format!("{} (got {})", self.expr, describe_obj(v))
+                }
+            }
+            LeafKind::IsNone | LeafKind::Equals(_) => format!("{}{}", self.expr, got(v)),
+            LeafKind::IsNotNone => self.expr.clone(),
+            LeafKind::LengthIs(_) => match v.len() {
+                Ok(n) => format!("{} (got {n})", self.expr),
+                Err(_) => format!("{} (got an object of type {} without len())", self.expr, type_name(v)),
+            },
+            LeafKind::DictKeys(_) => match v.cast_exact::<PyDict>() {
+                Ok(d) => {
+                    let keys = d.keys().repr().map(|r| r.to_string()).unwrap_or_default();
+                    format!("{} (got {})", self.expr, short(&keys))
+                }
+                Err(_) => format!("{} (got an object of type {})", self.expr, type_name(v)),
+            },
+            LeafKind::Tensor(t) => t.explain(v, &self.source),
+            LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
+        }
+    }
+}
+
+#[inline]
+fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
+    match kind {
+        LeafKind::TypeIs(id) => id.is(py, v.get_type_ptr() as *mut pyo3::ffi::PyObject),
+        LeafKind::Is(id) => id.is(py, v.as_ptr()),
+        LeafKind::IsNone => v.is_none(),
+        LeafKind::IsNotNone => !v.is_none(),
+        LeafKind::Equals(c) => c.matches(v),
+        LeafKind::LengthIs(n) => v.len().ok() == Some(*n),
+        LeafKind::DictKeys(keys) => match v.cast_exact::<PyDict>() {
+            Ok(d) => {
+                d.len() == keys.len()
+                    && d.keys().iter().zip(keys.iter()).all(|(k, e)| {
+                        k.as_ptr() == e.as_ptr() || k.eq(e.bind(py)).unwrap_or(false)
+                    })
+            }
+            Err(_) => false,
+        },
+        LeafKind::Tensor(t) => t.check(v),
+        LeafKind::GlobalState(s) => s.check(py),
+    }
+}
+
+pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// A short, safe description of an object: its repr for constants, else type and address.
+pub(crate) fn describe_obj(v: &Bound<'_, PyAny>) -> String {
+    if is_showable(v) {
+        v.repr().map(|r| short(&r.to_string())).unwrap_or_default()
+    } else {
+        format!("<{} object at {:#x}>", type_name(v), v.as_ptr() as usize)
+    }
+}
+
+pub(crate) fn short(s: &str) -> String {
+    if s.chars().count() > 80 {
+        let t: String = s.chars().take(77).collect();
+        format!("{t}...")
+    } else {
+        s.to_owned()
+    }
+}

@@ -1,0 +1,177 @@
+//! The immutable guard tree and its evaluation. Leaves are stored in evaluation order (cheap
+//! classes first, shallow nodes first, then insertion order); node values are computed on first
+//! use during one check and shared by every leaf on that node.
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use super::access::{Access, Defaults};
+use super::leaves::Leaf;
+use super::{GuardInput, Locals};
+use crate::ffi::slots::Slots;
+
+pub(crate) struct Node {
+    pub access: Access,
+    pub parent: Option<usize>,
+    pub source: String,
+}
+
+#[pyclass(module = "ferrodyn._C", name = "GuardTree", frozen)]
+pub struct GuardTree {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) leaves: Vec<Leaf>,
+    pub(crate) globals: Option<Py<PyDict>>,
+    pub(crate) builtins: Option<Py<PyDict>>,
+}
+
+/// Per-check memo of node values: `None` not computed yet, `Some(None)` failed to read.
+type Memo<'py> = Vec<Option<Option<Bound<'py, PyAny>>>>;
+
+impl GuardTree {
+    /// The hot-path check: true if every guard passes. Never raises (errors count as failure).
+    pub fn check_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> bool {
+        self.first_failure(py, input).is_none()
+    }
+
+    fn first_failure<'py>(&self, py: Python<'py>, input: &GuardInput<'_, 'py>) -> Option<(usize, Memo<'py>)> {
+        let defaults = Defaults {
+            globals: self.globals.as_ref().map(|g| g.bind(py)),
+            builtins: self.builtins.as_ref().map(|b| b.bind(py)),
+        };
+        let mut memo: Memo<'py> = (0..self.nodes.len()).map(|_| None).collect();
+        for (i, leaf) in self.leaves.iter().enumerate() {
+            let ok = match leaf.node {
+                None => leaf.check(py, None),
+                Some(n) => {
+                    let v = self.value(py, input, &defaults, &mut memo, n);
+                    leaf.check(py, v.as_ref())
+                }
+            };
+            if !ok {
+                // A Python error raised while checking counts as failure, and must not leak.
+                drop(PyErr::take(py));
+                return Some((i, memo));
+            }
+        }
+        None
+    }
+
+    fn value<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        defaults: &Defaults<'_, 'py>,
+        memo: &mut Memo<'py>,
+        n: usize,
+    ) -> Option<Bound<'py, PyAny>> {
+        if let Some(v) = &memo[n] {
+            return v.clone();
+        }
+        let node = &self.nodes[n];
+        let v = match node.parent {
+            None => node.access.read_root(py, input, defaults),
+            Some(p) => match self.value(py, input, defaults, memo, p) {
+                Some(pv) => node.access.read_child(&pv),
+                None => None,
+            },
+        };
+        memo[n] = Some(v.clone());
+        v
+    }
+
+    /// The explanation of the first failing leaf, or None if every leaf passes.
+    pub fn explain_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> Option<String> {
+        let (i, memo) = self.first_failure(py, input)?;
+        let leaf = &self.leaves[i];
+        let msg = match leaf.node {
+            None => leaf.explain(py, &py.None().into_bound(py)),
+            Some(n) => match memo[n].clone().flatten() {
+                Some(v) => leaf.explain(py, &v),
+                None => {
+                    // Find the first node on the path that could not be read.
+                    let mut path = vec![n];
+                    let mut cur = n;
+                    while let Some(p) = self.nodes[cur].parent {
+                        path.push(p);
+                        cur = p;
+                    }
+                    let bad = path
+                        .iter()
+                        .rev()
+                        .find(|&&k| matches!(memo[k], Some(None)))
+                        .copied()
+                        .unwrap_or(n);
+                    format!("{} ({} could not be read)", leaf.expr, self.nodes[bad].source)
+                }
+            },
+        };
+        drop(PyErr::take(py));
+        Some(msg)
+    }
+}
+
+/// Holds whatever a Python-side `check` call converted its arguments into.
+enum LocalsArg<'py> {
+    Tuple(Bound<'py, PyTuple>),
+    Mapping(Bound<'py, PyAny>),
+}
+
+fn locals_arg<'py>(f_locals: &Bound<'py, PyAny>) -> PyResult<LocalsArg<'py>> {
+    if let Ok(t) = f_locals.cast::<PyTuple>() {
+        Ok(LocalsArg::Tuple(t.clone()))
+    } else if let Ok(l) = f_locals.cast::<PyList>() {
+        Ok(LocalsArg::Tuple(l.to_tuple()))
+    } else {
+        Ok(LocalsArg::Mapping(f_locals.clone()))
+    }
+}
+
+macro_rules! with_input {
+    ($f_locals:expr, $g:expr, $b:expr, $c:expr, |$input:ident| $body:expr) => {{
+        let arg = locals_arg($f_locals)?;
+        let locals = match &arg {
+            LocalsArg::Tuple(t) => Locals::Slots(Slots::from_tuple(t)),
+            LocalsArg::Mapping(m) => Locals::Mapping(m),
+        };
+        let $input = GuardInput { locals, globals: $g.as_ref(), builtins: $b.as_ref(), closure: $c.as_ref() };
+        $body
+    }};
+}
+
+#[pymethods]
+impl GuardTree {
+    #[pyo3(signature = (f_locals, f_globals=None, f_builtins=None, closure=None))]
+    fn check(
+        &self,
+        py: Python<'_>,
+        f_locals: &Bound<'_, PyAny>,
+        f_globals: Option<Bound<'_, PyDict>>,
+        f_builtins: Option<Bound<'_, PyDict>>,
+        closure: Option<Bound<'_, PyTuple>>,
+    ) -> PyResult<bool> {
+        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(self.check_input(py, &input)))
+    }
+
+    #[pyo3(signature = (f_locals, f_globals=None, f_builtins=None, closure=None))]
+    fn explain(
+        &self,
+        py: Python<'_>,
+        f_locals: &Bound<'_, PyAny>,
+        f_globals: Option<Bound<'_, PyDict>>,
+        f_builtins: Option<Bound<'_, PyDict>>,
+        closure: Option<Bound<'_, PyTuple>>,
+    ) -> PyResult<Option<String>> {
+        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(self.explain_input(py, &input)))
+    }
+
+    fn leaves(&self) -> Vec<String> {
+        self.leaves.iter().map(|l| l.expr.clone()).collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.leaves.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<GuardTree: {} leaves on {} accessors>", self.leaves.len(), self.nodes.len())
+    }
+}

@@ -1,0 +1,269 @@
+//! Finds where torch keeps tensor metadata (offsets inside `THPVariable`, `TensorImpl` and
+//! `AutogradMeta`) by looking for distinctive values in sample tensors, then verifies the result
+//! on a broad set of tensors against the Python API. Only a layout that passes everything is
+//! installed; otherwise every tensor read goes through Python (see `crate::tensor`).
+use std::ffi::CString;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyModule};
+
+use crate::ffi::tensor::{self as raw, TensorLayout, AUTOGRAD_SCAN, IMPL_SCAN};
+
+/// What calibration learnt: the layout (if verified) and the raw-code tables.
+pub(crate) struct Calibration {
+    pub layout: Option<TensorLayout>,
+    pub failure: Option<String>,
+    /// Raw `TypeMeta` index -> torch.dtype.
+    pub dtypes: Vec<(u16, Py<PyAny>)>,
+    /// Raw `DeviceType` -> device type name.
+    pub device_types: Vec<(u8, String)>,
+    pub non_plain_keys: u64,
+}
+
+fn w64(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+}
+
+fn unique(mut c: Vec<usize>, what: &str) -> Result<usize, String> {
+    match c.len() {
+        1 => Ok(c.pop().unwrap()),
+        0 => Err(format!("calibration: {what} not found")),
+        _ => Err(format!("calibration: {what} is ambiguous ({c:?})")),
+    }
+}
+
+pub(crate) fn samples_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    let code = CString::new(include_str!("samples.py")).expect("no NUL in samples.py");
+    PyModule::from_code(py, &code, c"<ferrodyn tensor samples>", c"ferrodyn._tensor_samples")
+}
+
+pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
+    let m = samples_module(py)?;
+    let torch = py.import("torch")?;
+    let base = torch.getattr("_C")?.getattr("TensorBase")?;
+    let base_ptr = base.as_ptr() as usize;
+    let non_plain_keys = m.call_method0("non_plain_keys")?.extract::<u64>()?;
+    let mut cal = Calibration {
+        layout: None,
+        failure: None,
+        dtypes: Vec::new(),
+        device_types: Vec::new(),
+        non_plain_keys,
+    };
+    match locate(py, &m, base_ptr, &mut cal).and_then(|l| verify(py, &m, &l, &cal).map(|_| l)) {
+        Ok(l) => {
+            if raw::install_layout(l) {
+                cal.layout = Some(l);
+            } else {
+                cal.failure = Some("a different layout was installed earlier".into());
+            }
+        }
+        Err(e) => cal.failure = Some(e),
+    }
+    Ok(cal)
+}
+
+struct Probe<'py> {
+    t: Bound<'py, PyAny>,
+    d: Bound<'py, PyDict>,
+    imp: usize,
+}
+
+fn probe<'py>(m: &Bound<'py, PyModule>, t: Bound<'py, PyAny>) -> Result<Probe<'py>, String> {
+    let d = m.call_method1("describe", (&t,)).map_err(|e| e.to_string())?;
+    let d = d.cast_into::<PyDict>().map_err(|e| e.to_string())?;
+    let imp = d.get_item("impl").ok().flatten().and_then(|v| v.extract::<usize>().ok()).ok_or("no _cdata")?;
+    Ok(Probe { t, d, imp })
+}
+
+fn get<'py, T: for<'a> pyo3::FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, k: &str) -> Result<T, String> {
+    d.get_item(k).ok().flatten().and_then(|v| v.extract::<T>().ok()).ok_or_else(|| format!("calibration: bad {k}"))
+}
+
+fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibration) -> Result<TensorLayout, String> {
+    let e = |e: PyErr| e.to_string();
+    let probes = m.call_method0("probes").map_err(e)?;
+    let item = |k: &str| probes.get_item(k).map_err(|e| e.to_string());
+    let strided = probe(m, item("strided")?)?;
+    let plain = probe(m, item("plain")?)?;
+
+    // THPVariable: the word holding the TensorImpl*.
+    let ow = raw::object_words(&strided.t, 8);
+    let cdata = unique((2..ow.len()).filter(|&i| ow[i] == strided.imp).map(|i| i * 8).collect(), "THPVariable.cdata")?;
+    let pw = raw::object_words(&plain.t, 8);
+    if pw.get(cdata / 8) != Some(&plain.imp) {
+        return Err("calibration: cdata offset differs between tensors".into());
+    }
+    let bytes = |p: &Probe<'_>| raw::impl_bytes(&p.t, base, cdata, p.imp, IMPL_SCAN).ok_or("calibration: cannot read TensorImpl");
+    let sb = bytes(&strided)?;
+
+    // SizesAndStrides: size_ = 3, then sizes (11, 13, 17) inline, strides (1009, 101, 7) at +5.
+    let want = |o: usize| {
+        w64(&sb, o) == 3
+            && [11, 13, 17].iter().enumerate().all(|(i, &v)| w64(&sb, o + 8 + 8 * i) == v)
+            && [1009, 101, 7].iter().enumerate().all(|(i, &v)| w64(&sb, o + 48 + 8 * i) == v)
+    };
+    let sas = unique((16..IMPL_SCAN - 88).step_by(8).filter(|&o| want(o)).collect(), "sizes_and_strides_")?;
+    // storage_offset_ and numel_ follow; then data_type_, device_opt_, the bitfields.
+    if w64(&sb, sas + 88) != 3 || w64(&sb, sas + 96) != 11 * 13 * 17 {
+        return Err("calibration: storage_offset_/numel_ not where expected".into());
+    }
+    let dtype = sas + 104;
+    let device = dtype + 2;
+    let flags = device + 3;
+
+    // key_set_: the first aligned word after the bitfields equal to every sample's raw keys.
+    let keyed: Vec<Probe<'_>> = item("keyed")?.try_iter().map_err(e)?.map(|t| probe(m, t.map_err(|e| e.to_string())?)).collect::<Result<_, _>>()?;
+    let kb: Vec<(Vec<u8>, u64)> = keyed
+        .iter()
+        .map(|p| Ok((bytes(p)?, get::<u64>(&p.d, "dispatch_keys")?)))
+        .collect::<Result<_, String>>()?;
+    let start = (flags + 7) / 8 * 8;
+    let keys = unique((start..=IMPL_SCAN - 8).step_by(8).filter(|&o| kb.iter().all(|(b, k)| w64(b, o) == *k)).collect(), "key_set_")?;
+    let flags_len = keys - flags;
+    if !(1..=4).contains(&flags_len) {
+        return Err(format!("calibration: {flags_len} bytes of bitfields"));
+    }
+    let flag_word = |b: &[u8]| {
+        let mut f = [0u8; 4];
+        f[..flags_len].copy_from_slice(&b[flags..keys]);
+        u32::from_le_bytes(f)
+    };
+
+    // Policy bits: what a wrapper subclass's custom sizes/strides/device/layout policies flip.
+    let wr = item("wrappers")?;
+    let wflags = |k: &str| -> Result<u32, String> {
+        // Only `_cdata` here: sizes of a custom-policy wrapper are answered by its dispatch.
+        let t = wr.get_item(k).map_err(|e| e.to_string())?;
+        let imp = t.getattr("_cdata").and_then(|v| v.extract::<usize>()).map_err(|e| e.to_string())?;
+        let b = raw::impl_bytes(&t, base, cdata, imp, IMPL_SCAN).ok_or("calibration: cannot read a wrapper")?;
+        Ok(flag_word(&b))
+    };
+    let none = wflags("none")?;
+    let mut policy_mask = 0u32;
+    for k in ["sizes", "strides", "device", "layout"] {
+        let d = wflags(k)? ^ none;
+        if d == 0 {
+            return Err(format!("calibration: the '{k}' policy flips no bit"));
+        }
+        policy_mask |= d;
+    }
+    if (flag_word(&sb) | flag_word(&bytes(&plain)?)) & policy_mask != 0 {
+        return Err("calibration: plain tensors have policy bits set".into());
+    }
+
+    // autograd_meta_: null without autograd metadata, set on a leaf that requires grad.
+    let leaves: Vec<Probe<'_>> = item("leaves")?.try_iter().map_err(e)?.map(|t| probe(m, t.map_err(|e| e.to_string())?)).collect::<Result<_, _>>()?;
+    let nonleaves: Vec<Probe<'_>> = item("nonleaves")?.try_iter().map_err(e)?.map(|t| probe(m, t.map_err(|e| e.to_string())?)).collect::<Result<_, _>>()?;
+    let pb = bytes(&plain)?;
+    let lb: Vec<Vec<u8>> = leaves.iter().map(&bytes).collect::<Result<_, _>>()?;
+    let am = unique(
+        (8..sas).step_by(8).filter(|&o| w64(&pb, o) == 0 && lb.iter().all(|b| w64(b, o) != 0)).filter(|&o| o != cdata).collect(),
+        "autograd_meta_",
+    )?;
+    let amb = |p: &Probe<'_>| raw::autograd_bytes(&p.t, base, cdata, p.imp, am, AUTOGRAD_SCAN).ok_or("calibration: cannot read AutogradMeta");
+    let la: Vec<Vec<u8>> = leaves.iter().map(amb).collect::<Result<_, _>>()?;
+    let na: Vec<Vec<u8>> = nonleaves.iter().map(amb).collect::<Result<_, _>>()?;
+    let am_vtable = w64(&la[0], 0) as usize;
+    if la.iter().chain(na.iter()).any(|b| w64(b, 0) as usize != am_vtable) {
+        return Err("calibration: AutogradMeta vtables differ".into());
+    }
+    let am_grad_fn = unique(
+        (8..AUTOGRAD_SCAN - 8).step_by(8).filter(|&o| la.iter().all(|b| w64(b, o) == 0) && na.iter().all(|b| w64(b, o) != 0)).collect(),
+        "AutogradMeta.grad_fn_",
+    )?;
+    // requires_grad_: the byte that follows requires_grad_(False) / requires_grad_(True).
+    let tg = probe(m, item("toggled")?)?;
+    let b1 = amb(&tg)?;
+    tg.t.call_method1("requires_grad_", (false,)).map_err(e)?;
+    let b0 = amb(&tg)?;
+    tg.t.call_method1("requires_grad_", (true,)).map_err(e)?;
+    let b2 = amb(&tg)?;
+    let am_requires_grad = unique(
+        (8..AUTOGRAD_SCAN).filter(|&i| b1[i] == 1 && b0[i] == 0 && b2[i] == 1).collect(),
+        "AutogradMeta.requires_grad_",
+    )?;
+
+    // Raw dtype and device-type codes.
+    for t in item("dtypes")?.try_iter().map_err(e)? {
+        let p = probe(m, t.map_err(e)?)?;
+        let b = bytes(&p)?;
+        let code = u16::from_le_bytes([b[dtype], b[dtype + 1]]);
+        let dt = p.d.get_item("dtype").ok().flatten().ok_or("no dtype")?;
+        if cal.dtypes.iter().any(|(c, d)| *c == code || d.bind(py).is(&dt)) {
+            return Err("calibration: dtype codes are not one-to-one".into());
+        }
+        cal.dtypes.push((code, dt.unbind()));
+    }
+    for t in item("devices")?.try_iter().map_err(e)? {
+        let p = probe(m, t.map_err(e)?)?;
+        let b = bytes(&p)?;
+        let name: String = get(&p.d, "device_type")?;
+        if b[device + 2] != 1 || cal.device_types.iter().any(|(c, n)| *c == b[device] || *n == name) {
+            return Err("calibration: device codes are not one-to-one".into());
+        }
+        cal.device_types.push((b[device], name));
+    }
+    Ok(TensorLayout {
+        tensor_base: base,
+        cdata,
+        autograd_meta: am,
+        sizes_strides: sas,
+        dtype,
+        device,
+        flags,
+        flags_len,
+        policy_mask,
+        keys,
+        am_vtable,
+        am_grad_fn,
+        am_requires_grad,
+    })
+}
+
+/// Every tensor of the verification set must read exactly as the Python API reports.
+fn verify(py: Python<'_>, m: &Bound<'_, PyModule>, l: &TensorLayout, cal: &Calibration) -> Result<(), String> {
+    let set = m.call_method0("verification_set").map_err(|e| e.to_string())?;
+    let set = set.cast_into::<PyList>().map_err(|e| e.to_string())?;
+    let mut n_rg = 0;
+    for (i, t) in set.iter().enumerate() {
+        let p = probe(m, t)?;
+        let r = raw::read_tensor_with(&p.t, l).ok_or_else(|| format!("verification: tensor {i} unreadable"))?;
+        let bad = |what: &str| Err(format!("verification: tensor {i}: {what} disagrees with the Python API"));
+        if r.policy != 0 {
+            return bad("policy");
+        }
+        if r.sizes != get::<Vec<i64>>(&p.d, "sizes")?.as_slice() {
+            return bad("sizes");
+        }
+        if r.strides != get::<Vec<i64>>(&p.d, "strides")?.as_slice() {
+            return bad("strides");
+        }
+        if r.keys != get::<u64>(&p.d, "dispatch_keys")? {
+            return bad("dispatch keys");
+        }
+        let dt = p.d.get_item("dtype").ok().flatten().ok_or("no dtype")?;
+        match cal.dtypes.iter().find(|(c, _)| *c == r.dtype) {
+            Some((_, d)) if d.bind(py).is(&dt) => {}
+            _ => return bad("dtype"),
+        }
+        let dev: String = get(&p.d, "device_type")?;
+        match cal.device_types.iter().find(|(c, _)| *c == r.device[0]) {
+            Some((_, n)) if *n == dev => {}
+            _ => return bad("device type"),
+        }
+        if r.device[1] as i8 as i64 != get::<i64>(&p.d, "device_index")? || r.device[2] != 1 {
+            return bad("device index");
+        }
+        if let Some(rg) = r.requires_grad {
+            n_rg += 1;
+            if rg != get::<bool>(&p.d, "requires_grad")? {
+                return bad("requires_grad");
+            }
+        }
+    }
+    if n_rg < set.len() / 2 {
+        return Err("verification: requires_grad unreadable for most tensors".into());
+    }
+    Ok(())
+}
