@@ -32,6 +32,9 @@ pub const IMPL_SCAN: usize = 176;
 /// Prefix of an `AutogradMeta` that calibration may copy (requires_grad_ sits at 128 on the
 /// builds seen; the struct continues with output_nr_, grad_dtype_ and a mutex).
 pub const AUTOGRAD_SCAN: usize = 136;
+/// Prefix of a `DifferentiableViewMeta` (an AutogradMeta followed by two optional<ViewInfo>)
+/// that calibration may copy: its backward_info_ ends near 240 bytes, the struct near 312.
+pub const VIEW_SCAN: usize = 248;
 
 /// Offsets found by calibration (bytes). See the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +42,8 @@ pub struct TensorLayout {
     /// `PyTypeObject*` of `torch._C.TensorBase` (immortal for our purposes: torch never
     /// unloads), used to check that an object has the THPVariable layout before reading it.
     pub tensor_base: usize,
+    /// `PyTypeObject*` of `torch.Tensor`, the common exact type (a fast first comparison).
+    pub tensor_type: usize,
     pub cdata: usize,
     pub autograd_meta: usize,
     pub sizes_strides: usize,
@@ -53,6 +58,11 @@ pub struct TensorLayout {
     pub am_vtable: usize,
     pub am_grad_fn: usize,
     pub am_requires_grad: usize,
+    /// vtable of `DifferentiableViewMeta` (0: views are not read directly).
+    pub view_vtable: usize,
+    /// Offsets in it of `backward_info_->base_` (a TensorImpl*) and of the optional's flag.
+    pub view_base: usize,
+    pub view_engaged: usize,
 }
 
 static LAYOUT: OnceLock<TensorLayout> = OnceLock::new();
@@ -91,6 +101,13 @@ fn is_tensor(obj: *mut ffi::PyObject, base: usize) -> bool {
     }
 }
 
+#[inline]
+fn is_tensor_fast(obj: *mut ffi::PyObject, l: &TensorLayout) -> bool {
+    // SAFETY: obj is a live object; reading its type pointer is always valid.
+    let tp = unsafe { ffi::Py_TYPE(obj) } as usize;
+    tp == l.tensor_type || is_tensor(obj, l.tensor_base)
+}
+
 /// Read a tensor's metadata directly, or None if reads are not enabled, `obj` is not a tensor,
 /// or its sizes are not stored in the plain way.
 #[inline]
@@ -103,7 +120,7 @@ pub fn read_tensor<'a>(obj: &'a Bound<'_, PyAny>) -> Option<TensorRaw<'a>> {
 #[inline]
 pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Option<TensorRaw<'a>> {
     let o = obj.as_ptr();
-    if !is_tensor(o, l.tensor_base) {
+    if !is_tensor_fast(o, l) {
         return None;
     }
     // SAFETY: `o` is a THPVariable (checked above) whose `cdata` member, at the verified offset,
@@ -115,9 +132,9 @@ pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Opti
         if imp.is_null() {
             return None;
         }
-        let mut fl = [0u8; 4];
-        std::ptr::copy_nonoverlapping(imp.add(l.flags), fl.as_mut_ptr(), l.flags_len);
-        let policy = u32::from_le_bytes(fl) & l.policy_mask;
+        // The mask only has bits in the `flags_len` bitfield bytes; the 4-byte read stays inside
+        // the TensorImpl (key_set_ follows the bitfields).
+        let policy = u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
         let keys = *(imp.add(l.keys) as *const u64);
         let dtype = *(imp.add(l.dtype) as *const u16);
         let mut device = [0u8; 3];
@@ -137,18 +154,41 @@ pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Opti
             }
             (std::slice::from_raw_parts(base, n), std::slice::from_raw_parts(base.add(n), n))
         };
-        let am = *(imp.add(l.autograd_meta) as *const *const u8);
-        let requires_grad = if am.is_null() {
-            Some(false)
-        } else if *(am as *const usize) != l.am_vtable {
-            None
-        } else {
-            let rg = *am.add(l.am_requires_grad) != 0;
-            let grad_fn = *(am.add(l.am_grad_fn) as *const usize);
-            Some(rg || grad_fn != 0)
-        };
+        let requires_grad = impl_requires_grad(imp, l, true);
         Some(TensorRaw { keys, dtype, device, policy, sizes, strides, requires_grad })
     }
+}
+
+/// `TensorImpl::requires_grad()` from raw fields: no autograd meta means false; a plain
+/// `AutogradMeta` answers `requires_grad_ || grad_fn_`; a view's `DifferentiableViewMeta` also
+/// asks its base (one level: a view's base is never a view). None for anything else.
+///
+/// # Safety
+/// `imp` must be a live TensorImpl and `l` a verified layout.
+#[inline]
+unsafe fn impl_requires_grad(imp: *const u8, l: &TensorLayout, follow_view: bool) -> Option<bool> {
+    let am = *(imp.add(l.autograd_meta) as *const *const u8);
+    if am.is_null() {
+        return Some(false);
+    }
+    let vt = *(am as *const usize);
+    if vt != l.am_vtable && (vt != l.view_vtable || l.view_vtable == 0 || !follow_view) {
+        return None;
+    }
+    if *am.add(l.am_requires_grad) != 0 || *(am.add(l.am_grad_fn) as *const usize) != 0 {
+        return Some(true);
+    }
+    if vt == l.am_vtable {
+        return Some(false);
+    }
+    if *am.add(l.view_engaged) == 0 {
+        return Some(false);
+    }
+    let base = *(am.add(l.view_base) as *const *const u8);
+    if base.is_null() {
+        return None;
+    }
+    impl_requires_grad(base, l, false)
 }
 
 // -- calibration reads (bounded copies; only used before a layout is installed) -------------
@@ -196,6 +236,24 @@ pub fn autograd_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, 
     unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
 }
 
+/// A copy of the first `n` (<= VIEW_SCAN) bytes of the autograd metadata of `obj` (checked as
+/// in [`autograd_bytes`]), provided its first word is `view_vtable` (a DifferentiableViewMeta,
+/// which is larger than VIEW_SCAN).
+pub fn view_meta_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, am: usize, view_vtable: usize, n: usize) -> Option<Vec<u8>> {
+    if n > VIEW_SCAN {
+        return None;
+    }
+    let head = autograd_bytes(obj, tensor_base, cdata, expect_impl, am, 8)?;
+    if usize::from_le_bytes(head[..8].try_into().ok()?) != view_vtable {
+        return None;
+    }
+    let imp = impl_bytes(obj, tensor_base, cdata, expect_impl, am + 8)?;
+    let p = usize::from_le_bytes(imp[am..am + 8].try_into().ok()?);
+    // SAFETY: p is the autograd metadata of obj (see autograd_bytes) and its vtable says it
+    // is a DifferentiableViewMeta, which has more than VIEW_SCAN bytes.
+    unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
+}
+
 // -- object reads used by guard accessors ---------------------------------------------------
 
 /// The contents of a cell object, None if empty or not a cell.
@@ -224,4 +282,149 @@ pub fn instance_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> 
         }
         Some(Bound::from_owned_ptr(obj.py(), d))
     }
+}
+
+// -- torch global state through exported C++ functions --------------------------------------
+
+type BoolFn = unsafe extern "C" fn() -> bool;
+type U16Fn = unsafe extern "C" fn() -> u16;
+type PtrFn = unsafe extern "C" fn() -> *const std::ffi::c_void;
+type CtxBoolFn = unsafe extern "C" fn(*const std::ffi::c_void) -> bool;
+type DevBoolFn = unsafe extern "C" fn(i8) -> bool;
+type DevI8Fn = unsafe extern "C" fn(i8) -> i8;
+
+/// Torch's own readers of the state the global-state leaf guards, found with dlsym:
+/// `c10::GradMode::is_enabled()`, `c10::get_default_dtype()` (a `TypeMeta`, one u16),
+/// `at::globalContext().deterministicAlgorithms()`, `at::autocast::is_autocast_enabled(
+/// DeviceType)` and `at::autocast::get_autocast_dtype(DeviceType)` (a `ScalarType`, one i8).
+/// All take/return trivially copyable scalars, so the C calling convention matches. They are
+/// only used after `crate::guards::global_state` verified each against the Python API.
+#[derive(Clone, Copy)]
+pub struct StateFns {
+    grad: BoolFn,
+    default_dtype: U16Fn,
+    ctx: *const std::ffi::c_void,
+    deterministic: CtxBoolFn,
+    autocast_enabled: DevBoolFn,
+    autocast_dtype: DevI8Fn,
+}
+
+// SAFETY: plain function pointers and the address of torch's process-wide Context singleton.
+unsafe impl Send for StateFns {}
+unsafe impl Sync for StateFns {}
+
+fn sym(lib: *mut std::ffi::c_void, name: &std::ffi::CStr) -> Option<*mut std::ffi::c_void> {
+    // SAFETY: lib is a live handle from dlopen; dlsym only looks the name up.
+    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+fn open_loaded(path: &str) -> Option<*mut std::ffi::c_void> {
+    let c = std::ffi::CString::new(path).ok()?;
+    // SAFETY: RTLD_NOLOAD only returns a handle to a library torch already loaded (no
+    // initialisers run); the handle is intentionally never closed.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    (!h.is_null()).then_some(h)
+}
+
+impl StateFns {
+    /// Look the functions up in torch's already-loaded `libc10.so` and `libtorch_cpu.so`.
+    pub fn resolve(libc10: &str, libtorch_cpu: &str) -> Option<StateFns> {
+        let c10 = open_loaded(libc10)?;
+        let cpu = open_loaded(libtorch_cpu)?;
+        let grad = sym(c10, c"_ZN3c108GradMode10is_enabledEv")?;
+        let dd = sym(c10, c"_ZN3c1017get_default_dtypeEv")?;
+        let gc = sym(cpu, c"_ZN2at13globalContextEv")?;
+        let det = sym(cpu, c"_ZNK2at7Context23deterministicAlgorithmsEv")?;
+        let ace = sym(cpu, c"_ZN2at8autocast19is_autocast_enabledEN3c1010DeviceTypeE")?;
+        let acd = sym(cpu, c"_ZN2at8autocast18get_autocast_dtypeEN3c1010DeviceTypeE")?;
+        // SAFETY: the symbols are the functions named above, whose C++ signatures match these
+        // types (no arguments or scalar arguments, scalar results, no exceptions for the
+        // device types we pass: those verified through Python first).
+        unsafe {
+            let gc: PtrFn = std::mem::transmute::<*mut std::ffi::c_void, PtrFn>(gc);
+            let ctx = gc();
+            if ctx.is_null() {
+                return None;
+            }
+            Some(StateFns {
+                grad: std::mem::transmute::<*mut std::ffi::c_void, BoolFn>(grad),
+                default_dtype: std::mem::transmute::<*mut std::ffi::c_void, U16Fn>(dd),
+                ctx,
+                deterministic: std::mem::transmute::<*mut std::ffi::c_void, CtxBoolFn>(det),
+                autocast_enabled: std::mem::transmute::<*mut std::ffi::c_void, DevBoolFn>(ace),
+                autocast_dtype: std::mem::transmute::<*mut std::ffi::c_void, DevI8Fn>(acd),
+            })
+        }
+    }
+
+    #[inline]
+    pub fn grad_enabled(&self) -> bool {
+        // SAFETY: see `resolve`.
+        unsafe { (self.grad)() }
+    }
+
+    #[inline]
+    pub fn default_dtype(&self) -> u16 {
+        // SAFETY: see `resolve`.
+        unsafe { (self.default_dtype)() }
+    }
+
+    #[inline]
+    pub fn deterministic(&self) -> bool {
+        // SAFETY: see `resolve`; ctx is torch's global Context, which lives for the process.
+        unsafe { (self.deterministic)(self.ctx) }
+    }
+
+    /// `device_type` must be one verified through the Python API (cpu, cuda).
+    #[inline]
+    pub fn autocast_enabled(&self, device_type: i8) -> bool {
+        // SAFETY: see `resolve`.
+        unsafe { (self.autocast_enabled)(device_type) }
+    }
+
+    #[inline]
+    pub fn autocast_dtype(&self, device_type: i8) -> i8 {
+        // SAFETY: see `resolve`.
+        unsafe { (self.autocast_dtype)(device_type) }
+    }
+}
+
+/// `d[key]` found at entry position `*hint` of an exact dict, if the key stored there is `key`
+/// itself (identity: exactly what a dict lookup accepts first). Guards keep one hint per
+/// accessor, so a frame's `f_locals` (built in `co_varnames` order every time) or a module's
+/// `_parameters` is read without hashing. None means "look it up normally".
+pub fn dict_get_at<'py>(d: &Bound<'py, pyo3::types::PyDict>, key: *mut ffi::PyObject, hint: usize) -> Option<Bound<'py, PyAny>> {
+    let mut pos = hint as ffi::Py_ssize_t;
+    let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: d is a live dict; PyDict_Next takes any position (it bounds-checks and skips
+    // deleted entries) and returns borrowed key/value pointers, the value is increfed at once.
+    unsafe {
+        if pos < 0 || ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) == 0 || k != key {
+            return None;
+        }
+        Some(Bound::from_borrowed_ptr(d.py(), v))
+    }
+}
+
+/// The entry position of the key that is `key` itself in an exact dict (scanning at most
+/// `limit` entries), for [`dict_get_at`] hints.
+pub fn dict_position_of(d: &Bound<'_, pyo3::types::PyDict>, key: *mut ffi::PyObject, limit: usize) -> Option<usize> {
+    let mut pos: ffi::Py_ssize_t = 0;
+    let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+    for _ in 0..limit {
+        let before = pos;
+        // SAFETY: as in dict_get_at; no Python code runs between the calls.
+        if unsafe { ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) } == 0 {
+            return None;
+        }
+        if k == key {
+            // pos is now one past the entry found; the entry index is pos - 1 >= before.
+            debug_assert!(pos > before);
+            return Some(pos as usize - 1);
+        }
+    }
+    None
 }

@@ -1,6 +1,8 @@
 //! Accessors: how a node's value is computed from its parent's (or, for roots, from the input).
 //! A failed access (missing attribute or key, empty cell, a raising property) yields `None`,
 //! which fails every leaf below it; nothing here raises.
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
 
@@ -9,18 +11,52 @@ use crate::ffi::tensor as raw;
 
 /// One step of a path. Roots read the input; the rest read their parent's value.
 pub(crate) enum Access {
-    Local { index: usize, name: Py<PyString> },
+    Local { index: usize, name: Py<PyString>, hint: DictHint },
     Global(Py<PyString>),
     Builtin(Py<PyString>),
     Closure(usize),
     Attr(Py<PyString>),
     /// `key` with, for int keys, the index used on exact lists and tuples.
-    Item { key: Py<PyAny>, index: Option<isize> },
+    Item { key: Py<PyAny>, index: Option<isize>, hint: DictHint },
     DictOf,
     TypeOf,
     LenOf,
     TensorSize(i64),
     TensorStride(i64),
+}
+
+/// Where in an exact dict this accessor's key was last found (see
+/// `crate::ffi::tensor::dict_get_at`); a racy hint, never trusted without the identity check.
+#[derive(Default)]
+pub(crate) struct DictHint(AtomicUsize);
+
+const NO_HINT: usize = usize::MAX;
+/// Dicts longer than this are not scanned for a hint.
+const HINT_SCAN: usize = 256;
+
+impl DictHint {
+    pub(crate) fn new() -> DictHint {
+        DictHint(AtomicUsize::new(NO_HINT - 1))
+    }
+
+    /// `d[key]`, trying the remembered position first.
+    #[inline]
+    fn get<'py>(&self, d: &Bound<'py, PyDict>, key: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+        let h = self.0.load(Ordering::Relaxed);
+        if h < NO_HINT - 1 {
+            if let Some(v) = raw::dict_get_at(d, key.as_ptr(), h) {
+                return Some(v);
+            }
+        }
+        let v = d.get_item(key).ok().flatten()?;
+        if h != NO_HINT {
+            // Remember where the identical key sits; if it is only equal (another object),
+            // stop trying.
+            let pos = raw::dict_position_of(d, key.as_ptr(), HINT_SCAN.min(d.len()));
+            self.0.store(pos.unwrap_or(NO_HINT), Ordering::Relaxed);
+        }
+        Some(v)
+    }
 }
 
 /// What makes two paths the same (deduplication key), without pyo3 types.
@@ -78,11 +114,11 @@ impl Access {
         defaults: &Defaults<'_, 'py>,
     ) -> Option<Bound<'py, PyAny>> {
         match self {
-            Access::Local { index, name } => match &input.locals {
+            Access::Local { index, name, hint } => match &input.locals {
                 Locals::Slots(s) => s.get(py, *index).map(|b| b.to_owned()),
                 Locals::Mapping(m) => {
                     if let Ok(d) = m.cast_exact::<PyDict>() {
-                        d.get_item(name.bind(py)).ok().flatten()
+                        hint.get(d, name.bind(py).as_any())
                     } else {
                         m.get_item(name.bind(py)).ok()
                     }
@@ -110,7 +146,7 @@ impl Access {
         let py = parent.py();
         match self {
             Access::Attr(name) => parent.getattr(name.bind(py)).ok(),
-            Access::Item { key, index } => {
+            Access::Item { key, index, hint } => {
                 if let Some(i) = *index {
                     if let Ok(t) = parent.cast_exact::<PyTuple>() {
                         let n = t.len() as isize;
@@ -124,7 +160,7 @@ impl Access {
                     }
                 }
                 if let Ok(d) = parent.cast_exact::<PyDict>() {
-                    return d.get_item(key.bind(py)).ok().flatten();
+                    return hint.get(d, key.bind(py));
                 }
                 parent.get_item(key.bind(py)).ok()
             }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyModule, PyString};
 
-use super::access::{quote, Access, AccessKey};
+use super::access::{quote, Access, AccessKey, DictHint};
 use super::consts::Const;
 use super::global_state::Snapshot;
 use super::leaves::{describe_obj, IdRef, Leaf, LeafKind};
@@ -124,7 +124,7 @@ impl GuardBuilder {
     // -- accessors ------------------------------------------------------------------------
 
     fn local(&mut self, py: Python<'_>, index: usize, name: &str) -> Result<GuardNode> {
-        let access = Access::Local { index, name: PyString::intern(py, name).unbind() };
+        let access = Access::Local { index, name: PyString::intern(py, name).unbind(), hint: DictHint::new() };
         self.node(None, AccessKey::Local(index, name.to_owned()), "", access)
     }
 
@@ -154,7 +154,7 @@ impl GuardBuilder {
             Err(_) => format!("id:{:#x}", key.as_ptr() as usize),
         };
         let index = if key.is_exact_instance_of::<PyInt>() { key.extract::<isize>().ok() } else { None };
-        let access = Access::Item { key: key.clone().unbind(), index };
+        let access = Access::Item { key: key.clone().unbind(), index, hint: DictHint::new() };
         self.node(Some(&parent), AccessKey::Item(dedup), &repr, access)
     }
 
@@ -186,7 +186,7 @@ impl GuardBuilder {
         })?;
         let name = t.name()?.to_string();
         let expr = format!("type({}) is {name}", node.source);
-        self.leaf(Some(&node), LeafKind::TypeIs(IdRef::new(typ)), expr)
+        self.leaf(Some(&node), LeafKind::TypeIs(IdRef::strong(typ)), expr)
     }
 
     fn is_(&mut self, node: PyRef<'_, GuardNode>, obj: &Bound<'_, PyAny>) -> Result<()> {
@@ -233,7 +233,7 @@ impl GuardBuilder {
     ) -> Result<()> {
         let spec = TensorSpec::new(example, &dynamic_dims, check_strides)?;
         let expr = spec.describe(&node.source);
-        self.leaf(Some(&node), LeafKind::Tensor(Box::new(spec)), expr)
+        self.leaf(Some(&node), LeafKind::Tensor(spec), expr)
     }
 
     fn global_state(&mut self, py: Python<'_>) -> Result<()> {

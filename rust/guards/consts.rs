@@ -91,6 +91,9 @@ pub(crate) fn float_same(expected: f64, got: f64) -> bool {
 
 /// Whether `v` is cheap and safe to show in an explanation (a constant-like builtin value).
 pub(crate) fn is_showable(v: &Bound<'_, PyAny>) -> bool {
+    if let Ok(t) = v.cast_exact::<PyTuple>() {
+        return t.len() <= 16 && t.iter().all(|x| is_showable(&x));
+    }
     v.is_none()
         || v.is_exact_instance_of::<PyBool>()
         || v.is_exact_instance_of::<PyInt>()

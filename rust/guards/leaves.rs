@@ -16,6 +16,12 @@ pub(crate) enum IdRef {
 }
 
 impl IdRef {
+    /// A strong reference (for types in type checks: a class rarely dies, and holding it makes
+    /// the check one pointer comparison).
+    pub(crate) fn strong(obj: &Bound<'_, PyAny>) -> IdRef {
+        IdRef::Strong(obj.clone().unbind())
+    }
+
     pub(crate) fn new(obj: &Bound<'_, PyAny>) -> IdRef {
         match PyWeakrefReference::new(obj) {
             Ok(r) => IdRef::Weak { addr: obj.as_ptr() as usize, r: r.unbind() },
@@ -40,6 +46,8 @@ impl IdRef {
     }
 }
 
+// The tensor spec is inline on purpose: one pointer chase fewer per tensor leaf.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum LeafKind {
     TypeIs(IdRef),
     Is(IdRef),
@@ -48,7 +56,7 @@ pub(crate) enum LeafKind {
     Equals(Const),
     LengthIs(usize),
     DictKeys(Vec<Py<PyAny>>),
-    Tensor(Box<TensorSpec>),
+    Tensor(TensorSpec),
     GlobalState(Box<Snapshot>),
 }
 
@@ -160,6 +168,9 @@ pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
 
 /// A short, safe description of an object: its repr for constants, else type and address.
 pub(crate) fn describe_obj(v: &Bound<'_, PyAny>) -> String {
+    if let Ok(t) = v.cast::<pyo3::types::PyType>() {
+        return t.name().map(|n| n.to_string()).unwrap_or_else(|_| "<type>".into());
+    }
     if is_showable(v) {
         v.repr().map(|r| short(&r.to_string())).unwrap_or_default()
     } else {

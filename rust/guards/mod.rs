@@ -36,10 +36,17 @@ pub struct GuardInput<'a, 'py> {
     pub closure: Option<&'a Bound<'py, PyTuple>>,
 }
 
+/// Whether the global-state leaf reads torch's state directly (diagnostics and tests).
+#[pyfunction]
+fn _global_state_fast_path(py: Python<'_>) -> PyResult<bool> {
+    global_state::fast_path(py)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GuardTree>()?;
     m.add_class::<GuardBuilder>()?;
     m.add_class::<GuardNode>()?;
+    m.add_function(wrap_pyfunction!(_global_state_fast_path, m)?)?;
     Ok(())
 }
 

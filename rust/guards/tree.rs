@@ -23,8 +23,8 @@ pub struct GuardTree {
     pub(crate) builtins: Option<Py<PyDict>>,
 }
 
-/// Per-check memo of node values: `None` not computed yet, `Some(None)` failed to read.
-type Memo<'py> = Vec<Option<Option<Bound<'py, PyAny>>>>;
+/// Per-check memo of one node's value: `None` not computed yet, `Some(None)` failed to read.
+type Val<'py> = Option<Option<Bound<'py, PyAny>>>;
 
 impl GuardTree {
     /// The hot-path check: true if every guard passes. Never raises (errors count as failure).
@@ -32,50 +32,69 @@ impl GuardTree {
         self.first_failure(py, input).is_none()
     }
 
-    fn first_failure<'py>(&self, py: Python<'py>, input: &GuardInput<'_, 'py>) -> Option<(usize, Memo<'py>)> {
+    fn first_failure<'py>(&self, py: Python<'py>, input: &GuardInput<'_, 'py>) -> Option<(usize, Vec<Val<'py>>)> {
+        // Small trees keep their per-check memo on the stack (no allocation per check).
+        const STACK: usize = 24;
+        if self.nodes.len() <= STACK {
+            let mut memo: [Val<'py>; STACK] = std::array::from_fn(|_| None);
+            let i = self.run(py, input, &mut memo[..self.nodes.len()])?;
+            return Some((i, memo[..self.nodes.len()].iter_mut().map(std::mem::take).collect()));
+        }
+        let mut memo: Vec<Val<'py>> = (0..self.nodes.len()).map(|_| None).collect();
+        let i = self.run(py, input, &mut memo)?;
+        Some((i, memo))
+    }
+
+    /// Evaluate the leaves in order; the index of the first failing one.
+    #[inline]
+    fn run<'py>(&self, py: Python<'py>, input: &GuardInput<'_, 'py>, memo: &mut [Val<'py>]) -> Option<usize> {
         let defaults = Defaults {
             globals: self.globals.as_ref().map(|g| g.bind(py)),
             builtins: self.builtins.as_ref().map(|b| b.bind(py)),
         };
-        let mut memo: Memo<'py> = (0..self.nodes.len()).map(|_| None).collect();
         for (i, leaf) in self.leaves.iter().enumerate() {
             let ok = match leaf.node {
                 None => leaf.check(py, None),
                 Some(n) => {
-                    let v = self.value(py, input, &defaults, &mut memo, n);
-                    leaf.check(py, v.as_ref())
+                    if memo[n].is_none() {
+                        self.ensure(py, input, &defaults, memo, n);
+                    }
+                    leaf.check(py, memo[n].as_ref().and_then(|v| v.as_ref()))
                 }
             };
             if !ok {
                 // A Python error raised while checking counts as failure, and must not leak.
                 drop(PyErr::take(py));
-                return Some((i, memo));
+                return Some(i);
             }
         }
         None
     }
 
-    fn value<'py>(
+    /// Compute node `n`'s value (and its ancestors') into the memo if not there yet.
+    fn ensure<'py>(
         &self,
         py: Python<'py>,
         input: &GuardInput<'_, 'py>,
         defaults: &Defaults<'_, 'py>,
-        memo: &mut Memo<'py>,
+        memo: &mut [Val<'py>],
         n: usize,
-    ) -> Option<Bound<'py, PyAny>> {
-        if let Some(v) = &memo[n] {
-            return v.clone();
+    ) {
+        if memo[n].is_some() {
+            return;
         }
         let node = &self.nodes[n];
         let v = match node.parent {
             None => node.access.read_root(py, input, defaults),
-            Some(p) => match self.value(py, input, defaults, memo, p) {
-                Some(pv) => node.access.read_child(&pv),
-                None => None,
-            },
+            Some(p) => {
+                self.ensure(py, input, defaults, memo, p);
+                match &memo[p] {
+                    Some(Some(pv)) => node.access.read_child(pv),
+                    _ => None,
+                }
+            }
         };
-        memo[n] = Some(v.clone());
-        v
+        memo[n] = Some(v);
     }
 
     /// The explanation of the first failing leaf, or None if every leaf passes.

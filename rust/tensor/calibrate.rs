@@ -7,7 +7,7 @@ use std::ffi::CString;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
 
-use crate::ffi::tensor::{self as raw, TensorLayout, AUTOGRAD_SCAN, IMPL_SCAN};
+use crate::ffi::tensor::{self as raw, TensorLayout, AUTOGRAD_SCAN, IMPL_SCAN, VIEW_SCAN};
 
 /// What calibration learnt: the layout (if verified) and the raw-code tables.
 pub(crate) struct Calibration {
@@ -42,6 +42,7 @@ pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
     let torch = py.import("torch")?;
     let base = torch.getattr("_C")?.getattr("TensorBase")?;
     let base_ptr = base.as_ptr() as usize;
+    let tensor_type = torch.getattr("Tensor")?.as_ptr() as usize;
     let non_plain_keys = m.call_method0("non_plain_keys")?.extract::<u64>()?;
     let mut cal = Calibration {
         layout: None,
@@ -50,7 +51,7 @@ pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
         device_types: Vec::new(),
         non_plain_keys,
     };
-    match locate(py, &m, base_ptr, &mut cal).and_then(|l| verify(py, &m, &l, &cal).map(|_| l)) {
+    match locate(py, &m, base_ptr, tensor_type, &mut cal).and_then(|l| verify(py, &m, &l, &cal).map(|_| l)) {
         Ok(l) => {
             if raw::install_layout(l) {
                 cal.layout = Some(l);
@@ -80,7 +81,7 @@ fn get<'py, T: for<'a> pyo3::FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, k: &
     d.get_item(k).ok().flatten().and_then(|v| v.extract::<T>().ok()).ok_or_else(|| format!("calibration: bad {k}"))
 }
 
-fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibration) -> Result<TensorLayout, String> {
+fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usize, cal: &mut Calibration) -> Result<TensorLayout, String> {
     let e = |e: PyErr| e.to_string();
     let probes = m.call_method0("probes").map_err(e)?;
     let item = |k: &str| probes.get_item(k).map_err(|e| e.to_string());
@@ -184,6 +185,10 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibr
         "AutogradMeta.requires_grad_",
     )?;
 
+    // Views: DifferentiableViewMeta (another vtable) holds backward_info_, an optional<ViewInfo>
+    // whose first member is the base tensor; the optional's flag follows the 48-byte ViewInfo.
+    let (view_vtable, view_base, view_engaged) = locate_views(m, &item("views")?, base, cdata, am, am_vtable).unwrap_or((0, 0, 0));
+
     // Raw dtype and device-type codes.
     for t in item("dtypes")?.try_iter().map_err(e)? {
         let p = probe(m, t.map_err(e)?)?;
@@ -206,6 +211,7 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibr
     }
     Ok(TensorLayout {
         tensor_base: base,
+        tensor_type,
         cdata,
         autograd_meta: am,
         sizes_strides: sas,
@@ -218,7 +224,35 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, cal: &mut Calibr
         am_vtable,
         am_grad_fn,
         am_requires_grad,
+        view_vtable,
+        view_base,
+        view_engaged,
     })
+}
+
+/// (vtable, base offset, engaged-flag offset) of DifferentiableViewMeta, or None.
+fn locate_views(m: &Bound<'_, PyModule>, views: &Bound<'_, PyAny>, base: usize, cdata: usize, am: usize, am_vtable: usize) -> Option<(usize, usize, usize)> {
+    let mut metas = Vec::new();
+    let mut vtable = 0usize;
+    for pair in views.try_iter().ok()? {
+        let pair = pair.ok()?;
+        let v = probe(m, pair.get_item(0).ok()?).ok()?;
+        let b = probe(m, pair.get_item(1).ok()?).ok()?;
+        let head = raw::autograd_bytes(&v.t, base, cdata, v.imp, am, 8)?;
+        let vt = w64(&head, 0) as usize;
+        if vt == am_vtable || (vtable != 0 && vt != vtable) {
+            return None;
+        }
+        vtable = vt;
+        metas.push((raw::view_meta_bytes(&v.t, base, cdata, v.imp, am, vt, VIEW_SCAN)?, b.imp as u64));
+    }
+    let off = unique(
+        (AUTOGRAD_SCAN..VIEW_SCAN - 48).step_by(8).filter(|&o| metas.iter().all(|(b, imp)| w64(b, o) == *imp)).collect(),
+        "backward_info_.base_",
+    )
+    .ok()?;
+    let engaged = off + 48;
+    metas.iter().all(|(b, _)| b[engaged] == 1).then_some((vtable, off, engaged))
 }
 
 /// Every tensor of the verification set must read exactly as the Python API reports.

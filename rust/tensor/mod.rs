@@ -104,6 +104,32 @@ fn _tensor_fast_path_failure(py: Python<'_>) -> PyResult<Option<String>> {
     Ok(torch(py)?.cal.failure.clone())
 }
 
+/// The verified layout as {field: byte offset} (None when the fast path is off): for the layout
+/// tests, which cross-check it against the torch headers and raw memory.
+#[pyfunction]
+fn _tensor_layout<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(l) = torch(py)?.cal.layout else { return Ok(None) };
+    let d = PyDict::new(py);
+    for (k, v) in [
+        ("cdata", l.cdata),
+        ("autograd_meta", l.autograd_meta),
+        ("sizes_strides", l.sizes_strides),
+        ("dtype", l.dtype),
+        ("device", l.device),
+        ("flags", l.flags),
+        ("flags_len", l.flags_len),
+        ("keys", l.keys),
+        ("am_grad_fn", l.am_grad_fn),
+        ("am_requires_grad", l.am_requires_grad),
+        ("view_base", l.view_base),
+        ("view_engaged", l.view_engaged),
+    ] {
+        d.set_item(k, v)?;
+    }
+    d.set_item("policy_mask", l.policy_mask)?;
+    Ok(Some(d))
+}
+
 #[pyfunction]
 fn tensor_metadata<'py>(py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let tc = torch(py)?;
@@ -146,5 +172,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_fast_path, m)?)?;
     m.add_function(wrap_pyfunction!(_tensor_fast_path_failure, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(_tensor_layout, m)?)?;
     Ok(())
 }

@@ -53,7 +53,13 @@ def probes():
     }
     with torch.inference_mode():
         inference = torch.empty(2, 3)
+    vbase = torch.randn(4, 3)
+    rbase = torch.randn(4, 3, requires_grad=True)
+    with torch.no_grad():
+        nograd_view = rbase[1:]
+    views = [(vbase[1:], vbase), (vbase.t()[1:], vbase), (nograd_view, rbase), (rbase[2:], rbase)]
     return {
+        "views": views,
         "strided": strided,
         "plain": torch.empty(7),
         "leaves": [leaf, fresh_leaf],

@@ -8,7 +8,18 @@ use super::{plain_read, torch, Torch};
 use crate::error::{Error, Result};
 use crate::guards::{type_name, IdRef};
 
+/// Dimensions compared from inline arrays (no pointer chase on the hot path); more go through
+/// the `sizes`/`strides` vectors.
+const INLINE_DIMS: usize = 8;
+
 pub struct TensorSpec {
+    // -- hot: what the direct check reads, kept together --
+    /// Expected sizes then strides (first `ndim` of each) and which of them to compare.
+    want: [i64; 2 * INLINE_DIMS],
+    size_mask: u8,
+    stride_mask: u8,
+    ndim: usize,
+    // -- cold --
     typ: IdRef,
     type_name: String,
     dtype: Py<PyAny>,
@@ -53,8 +64,23 @@ impl TensorSpec {
         }
         let device = example.getattr("device")?;
         let raw = plain_read(example, tc.cal.non_plain_keys).map(|r| (r.dtype, r.device));
+        let (mut want, mut size_mask, mut stride_mask) = ([0i64; 2 * INLINE_DIMS], 0u8, 0u8);
+        for i in 0..sizes.len().min(INLINE_DIMS) {
+            want[i] = sizes[i];
+            want[INLINE_DIMS + i] = strides[i];
+            if !dynamic[i] {
+                size_mask |= 1 << i;
+                if check_strides {
+                    stride_mask |= 1 << i;
+                }
+            }
+        }
         Ok(TensorSpec {
-            typ: IdRef::new(example.get_type().as_any()),
+            want,
+            size_mask,
+            stride_mask,
+            ndim: sizes.len(),
+            typ: IdRef::strong(example.get_type().as_any()),
             type_name: example.get_type().name()?.to_string(),
             dtype: example.getattr("dtype")?.unbind(),
             device_str: device.str()?.to_string(),
@@ -93,10 +119,19 @@ impl TensorSpec {
         let Ok(tc) = torch(py) else { return false };
         if let Some((dtype, device)) = self.raw {
             if let Some(r) = plain_read(v, tc.cal.non_plain_keys) {
-                if r.keys != self.keys || r.dtype != dtype || r.device != device || r.sizes.len() != self.sizes.len() {
+                if r.keys != self.keys || r.dtype != dtype || r.device != device || r.sizes.len() != self.ndim {
                     return false;
                 }
-                if !dims_match(&self.sizes, r.sizes) || !dims_match(&self.strides, r.strides) {
+                if self.ndim <= INLINE_DIMS {
+                    for i in 0..self.ndim {
+                        if (self.size_mask >> i) & 1 != 0 && r.sizes[i] != self.want[i] {
+                            return false;
+                        }
+                        if (self.stride_mask >> i) & 1 != 0 && r.strides[i] != self.want[INLINE_DIMS + i] {
+                            return false;
+                        }
+                    }
+                } else if !dims_match(&self.sizes, r.sizes) || !dims_match(&self.strides, r.strides) {
                     return false;
                 }
                 return match r.requires_grad {
