@@ -14,6 +14,7 @@ pub mod frame311;
 pub mod frame312;
 pub mod slots;
 pub mod tensor;
+pub mod weakref;
 
 /// The CPython minor this extension was compiled for, e.g. `(3, 11)`.
 pub fn built_for() -> (u8, u8) {

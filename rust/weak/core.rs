@@ -1,0 +1,389 @@
+//! `Core`: the operations of a weak-key dictionary on Python objects, shared by the Python
+//! classes in `dict.rs` (which only parse arguments and shape results).
+//!
+//! Each operation follows the `Shared` discipline: Python work (hashing, creating a weakref,
+//! raising errors, calling `__del__` through drops) happens before or after a short locked section
+//! that only reads the table and moves reference counts. A key's weakref carries the dictionary's
+//! `PyWeakRemover` as its callback; the entry is found again by the weakref's address.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple, PyWeakrefMethods, PyWeakrefReference};
+
+use super::shared::Shared;
+use crate::ffi::weakref::{referent_ptr, supports_weakrefs};
+
+/// One entry: the key's weakref (whose callback removes the entry) and the value.
+pub struct Entry {
+    pub wr: Py<PyWeakrefReference>,
+    pub value: Py<PyAny>,
+}
+
+/// How keys are identified.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KeyMode {
+    /// By identity (`torch.utils.weak.WeakIdRef`, the default).
+    Id,
+    /// By `hash(key)` (`torch.utils.weak._WeakHashRef`, used for script objects).
+    Hash,
+}
+
+/// A weakref callback that removes its key's entry (one per dictionary, shared by its weakrefs).
+#[pyclass(module = "ferrodyn._C", name = "_WeakRemover", frozen)]
+pub struct PyWeakRemover {
+    shared: std::sync::Weak<Shared<Entry>>,
+}
+
+#[pymethods]
+impl PyWeakRemover {
+    fn __call__(&self, wr: &Bound<'_, PyAny>) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.remove_dead(wr.as_ptr() as usize);
+        }
+    }
+}
+
+pub struct Core {
+    pub shared: Arc<Shared<Entry>>,
+    remover: Py<PyWeakRemover>,
+    /// `KeyMode::Hash` when set; changed only by `__init__` (`set_mode`) while the table is empty.
+    hash_mode: AtomicBool,
+    /// Lookups of keys that cannot be weakly referenced raise TypeError (torch's behaviour);
+    /// otherwise they simply miss (the exact dictionary).
+    pub strict: bool,
+}
+
+fn busy() -> PyErr {
+    PyRuntimeError::new_err("ferrodyn weak dictionary re-entered while its table was locked")
+}
+
+/// The TypeError `weakref.ref(key)` raises, or Ok when `key` can be weakly referenced.
+fn check_weakrefable(key: &Bound<'_, PyAny>) -> PyResult<()> {
+    if supports_weakrefs(key) {
+        return Ok(());
+    }
+    PyWeakrefReference::new(key).map(|_| ())
+}
+
+/// Tensors whose Python object was resurrected need `_fix_weakref()` after a weakref hands them
+/// out (as torch.utils.weak.WeakIdRef.__call__ does).
+pub fn fix_weakref(key: &Bound<'_, PyAny>) -> PyResult<()> {
+    if let Some(fix) = key.getattr_opt(intern!(key.py(), "_fix_weakref"))? {
+        fix.call0()?;
+    }
+    Ok(())
+}
+
+/// `a, b = item` with Python's errors.
+pub fn unpack2<'py>(item: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    if let Ok(t) = item.cast::<PyTuple>() {
+        if t.len() == 2 {
+            return Ok((t.get_item(0)?, t.get_item(1)?));
+        }
+    }
+    let mut it = item.try_iter()?;
+    let a = it.next().transpose()?;
+    let b = it.next().transpose()?;
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            if it.next().transpose()?.is_some() {
+                return Err(PyValueError::new_err(
+                    "too many values to unpack (expected 2)",
+                ));
+            }
+            Ok((a, b))
+        }
+        (a, _) => Err(PyValueError::new_err(format!(
+            "not enough values to unpack (expected 2, got {})",
+            usize::from(a.is_some())
+        ))),
+    }
+}
+
+impl Core {
+    pub fn new(py: Python<'_>, mode: KeyMode, strict: bool) -> PyResult<Core> {
+        let shared = Arc::new(Shared::default());
+        let remover = Py::new(
+            py,
+            PyWeakRemover {
+                shared: Arc::downgrade(&shared),
+            },
+        )?;
+        Ok(Core {
+            shared,
+            remover,
+            hash_mode: AtomicBool::new(mode == KeyMode::Hash),
+            strict,
+        })
+    }
+
+    /// A dictionary of the same kind, empty.
+    pub fn new_like(&self, py: Python<'_>) -> PyResult<Core> {
+        Core::new(py, self.mode(), self.strict)
+    }
+
+    #[inline]
+    pub fn mode(&self) -> KeyMode {
+        if self.hash_mode.load(Ordering::Relaxed) {
+            KeyMode::Hash
+        } else {
+            KeyMode::Id
+        }
+    }
+
+    /// Empty the dictionary and set how keys are identified (`__init__`).
+    pub fn reset(&self, mode: KeyMode) -> PyResult<()> {
+        self.clear()?;
+        self.hash_mode
+            .store(mode == KeyMode::Hash, Ordering::Relaxed);
+        Ok(())
+    }
+
+    #[inline]
+    fn locked<R>(&self, f: impl FnOnce(&mut super::table::Table<Entry>) -> R) -> PyResult<R> {
+        self.shared.with(f).map_err(|_| busy())
+    }
+
+    /// The table key of `key` (may run `__hash__` in hash mode).
+    #[inline]
+    fn key_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u64> {
+        match self.mode() {
+            KeyMode::Id => Ok(key.as_ptr() as usize as u64),
+            KeyMode::Hash => Ok(key.hash()? as u64),
+        }
+    }
+
+    /// Whether `e` is the live entry of `key` (a dead weakref never matches, so an address
+    /// reused by a new object is not mistaken for the dead key).
+    #[inline]
+    fn matches(&self, py: Python<'_>, e: &Entry, key: &Bound<'_, PyAny>) -> bool {
+        let p = referent_ptr(py, &e.wr);
+        match self.mode() {
+            KeyMode::Id => p == key.as_ptr(),
+            KeyMode::Hash => !p.is_null(),
+        }
+    }
+
+    /// Table key for a lookup, with torch's errors: in hash mode the weakref is made before the
+    /// lookup (so TypeError first); in id mode only a miss needs the check (`check_miss`).
+    #[inline]
+    fn lookup_key(&self, key: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let k = self.key_of(key)?;
+        if self.mode() == KeyMode::Hash {
+            check_weakrefable(key)?;
+        }
+        Ok(k)
+    }
+
+    #[inline]
+    fn check_miss(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.strict && self.mode() == KeyMode::Id {
+            check_weakrefable(key)?;
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> PyResult<usize> {
+        self.locked(|t| t.len())
+    }
+
+    pub fn is_empty(&self) -> PyResult<bool> {
+        self.len().map(|n| n == 0)
+    }
+
+    pub fn get(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+        let py = key.py();
+        let k = self.lookup_key(key)?;
+        let v = self.locked(|t| {
+            t.get(k)
+                .filter(|e| self.matches(py, e, key))
+                .map(|e| e.value.clone_ref(py))
+        })?;
+        if v.is_none() {
+            self.check_miss(key)?;
+        }
+        Ok(v)
+    }
+
+    pub fn getitem(&self, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.get(key)?
+            .ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))
+    }
+
+    /// `key in d`: never raises for keys that cannot be weakly referenced.
+    pub fn contains(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = key.py();
+        let k = match self.mode() {
+            KeyMode::Id => key.as_ptr() as usize as u64,
+            KeyMode::Hash => match key.hash() {
+                Ok(h) if supports_weakrefs(key) => h as u64,
+                Ok(_) => return Ok(false),
+                Err(e) if e.is_instance_of::<PyTypeError>(py) => return Ok(false),
+                Err(e) => return Err(e),
+            },
+        };
+        self.locked(|t| t.get(k).is_some_and(|e| self.matches(py, e, key)))
+    }
+
+    /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`);
+    /// returns the value stored afterwards.
+    pub fn insert(
+        &self,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        overwrite: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let py = key.py();
+        let k = self.lookup_key(key)?;
+        // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
+        let hit = self.locked(|t| match t.get_mut(k) {
+            Some(e) if self.matches(py, e, key) => Some(if overwrite {
+                (
+                    std::mem::replace(&mut e.value, value.clone().unbind()),
+                    value.clone().unbind(),
+                )
+            } else {
+                (value.clone().unbind(), e.value.clone_ref(py))
+            }),
+            _ => None,
+        })?;
+        if let Some((_old, now)) = hit {
+            return Ok(now);
+        }
+        // 2. absent: make the weakref unlocked (it can run the garbage collector, hence any code).
+        let wr = PyWeakrefReference::new_with(key, self.remover.bind(py))?;
+        let refid = wr.as_ptr() as usize;
+        let entry = Entry {
+            wr: wr.unbind(),
+            value: value.clone().unbind(),
+        };
+        // 3. insert, unless that code inserted the key meanwhile.
+        let (now, _unused) = self.locked(|t| match t.get_mut(k) {
+            Some(e) if self.matches(py, e, key) => {
+                if overwrite {
+                    let old = std::mem::replace(&mut e.value, entry.value.clone_ref(py));
+                    (entry.value.clone_ref(py), Some((entry, Some(old))))
+                } else {
+                    (e.value.clone_ref(py), Some((entry, None)))
+                }
+            }
+            stale => {
+                if stale.is_some() {
+                    t.remove(k, false);
+                }
+                let now = entry.value.clone_ref(py);
+                t.insert_new(k, refid, entry);
+                (now, None)
+            }
+        })?;
+        Ok(now)
+    }
+
+    /// Remove `key` explicitly; `None` when absent (after torch's TypeError check).
+    pub fn remove(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+        let py = key.py();
+        let k = self.lookup_key(key)?;
+        let v = self.locked(|t| {
+            if !t.get(k).is_some_and(|e| self.matches(py, e, key)) {
+                return None;
+            }
+            t.remove(k, true).map(|e| e.value.clone_ref(py))
+        })?;
+        if v.is_none() {
+            self.check_miss(key)?;
+        }
+        Ok(v)
+    }
+
+    /// Remove and return the most recently inserted live entry.
+    pub fn popitem<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Py<PyAny>)>> {
+        let item = self.locked(|t| loop {
+            let (k, key) = match t.last() {
+                None => return None,
+                Some(s) => (s.key, s.entry.wr.bind(py).upgrade()),
+            };
+            match key {
+                None => {
+                    t.remove(k, false); // died, its callback not run yet
+                }
+                Some(key) => {
+                    let e = t.remove(k, true).expect("last() is present");
+                    return Some((key, e.value.clone_ref(py)));
+                }
+            }
+        })?;
+        if let Some((key, _)) = &item {
+            fix_weakref(key)?;
+        }
+        Ok(item)
+    }
+
+    /// Remove every entry; values are dropped after the table is already empty. Entries that
+    /// their `__del__`s insert meanwhile are removed too (torch's `clear()` pops until empty).
+    pub fn clear(&self) -> PyResult<()> {
+        while self.locked(|t| {
+            let had = !t.is_empty();
+            t.clear();
+            had
+        })? {}
+        Ok(())
+    }
+
+    /// Strong references to every live (key, value), in insertion order.
+    pub fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyAny>, Py<PyAny>)>> {
+        let items = self.locked(|t| {
+            t.iter()
+                .filter_map(|s| {
+                    s.entry
+                        .wr
+                        .bind(py)
+                        .upgrade()
+                        .map(|k| (k, s.entry.value.clone_ref(py)))
+                })
+                .collect::<Vec<_>>()
+        })?;
+        for (k, _) in &items {
+            fix_weakref(k)?;
+        }
+        Ok(items)
+    }
+
+    /// The weakrefs of the keys (`keyrefs()`), in insertion order.
+    pub fn keyrefs(&self, py: Python<'_>) -> PyResult<Vec<Py<PyWeakrefReference>>> {
+        self.locked(|t| t.iter().map(|s| s.entry.wr.clone_ref(py)).collect())
+    }
+
+    /// Every entry of `other` (a mapping, anything with `items()`, or what `dict()` accepts).
+    pub fn update_from(&self, other: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = other.py();
+        let source = if other.hasattr(intern!(py, "items"))? {
+            other.clone()
+        } else {
+            py.get_type::<PyDict>().call1((other,))?
+        };
+        for item in source.call_method0(intern!(py, "items"))?.try_iter()? {
+            let (k, v) = unpack2(&item?)?;
+            self.insert(&k, &v, true)?;
+        }
+        Ok(())
+    }
+
+    /// Traversal for the garbage collector: every value and weakref the table owns.
+    pub fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        self.shared
+            .try_peek(|t| {
+                for s in t.iter() {
+                    visit.call(&s.entry.value)?;
+                    visit.call(&s.entry.wr)?;
+                }
+                Ok(())
+            })
+            .unwrap_or(Ok(()))
+    }
+}

@@ -1,0 +1,306 @@
+//! `Shared`: a `Table` behind a lock that is never held while Python code runs, plus the queue of
+//! removals deferred while it is held, and the count of live iterators.
+//!
+//! Pure Rust (no pyo3). The discipline that makes the weak dictionaries re-entrant:
+//! - `with` runs a closure on the locked table; the closure may only touch the table and bump
+//!   reference counts (no Python calls, no object creation, no drops of Python objects);
+//! - everything the closure removes lands in `Table::trash`, which `with` drops after the lock is
+//!   released, so a value's `__del__` (or the key deaths it causes) can re-enter the dictionary;
+//! - a weakref callback that finds the lock taken (which the discipline rules out, but nothing
+//!   here relies on that) queues its removal in `pending`, applied by the next `with`.
+//!
+//! - dropping removed entries can kill other keys whose callbacks remove more entries, and so on:
+//!   a drop that starts while this thread is already dropping entries is queued and done by the
+//!   outermost drop loop, so a long chain of dying keys never nests deeper than one level (no
+//!   C-stack overflow however long the chain).
+//!
+//! Owned by the dictionary object and by each of its iterators (`Arc`); weakref callbacks hold a
+//! `Weak` so a dead dictionary is not kept alive by the weakrefs it created.
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use super::table::Table;
+
+/// The table was already locked on this thread (a re-entrant call the discipline forbids).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Busy;
+
+pub struct Shared<E> {
+    table: Mutex<Table<E>>,
+    pending: Mutex<Vec<usize>>,
+    has_pending: AtomicBool,
+    iterators: AtomicUsize,
+}
+
+impl<E> Default for Shared<E> {
+    fn default() -> Self {
+        Shared {
+            table: Mutex::new(Table::default()),
+            pending: Mutex::new(Vec::new()),
+            has_pending: AtomicBool::new(false),
+            iterators: AtomicUsize::new(0),
+        }
+    }
+}
+
+thread_local! {
+    /// Whether this thread is inside `drop_unlocked`'s loop.
+    static DROPPING: Cell<bool> = const { Cell::new(false) };
+    /// Entries removed while `DROPPING`, for that loop to drop.
+    static DEFERRED: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Drop removed entries (after the lock is released), iteratively rather than recursively when
+/// dropping one entry removes others.
+pub fn drop_unlocked<E: 'static>(trash: Vec<E>) {
+    if trash.is_empty() {
+        return;
+    }
+    if DROPPING.with(|d| d.get()) {
+        DEFERRED.with(|q| q.borrow_mut().push(Box::new(trash)));
+        return;
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            DROPPING.with(|d| d.set(false));
+        }
+    }
+    DROPPING.with(|d| d.set(true));
+    let _reset = Reset;
+    drop(trash);
+    while let Some(next) = DEFERRED.with(|q| q.borrow_mut().pop()) {
+        drop(next);
+    }
+}
+
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<E: 'static> Shared<E> {
+    /// Run `f` on the locked table; entries it removed are dropped after unlocking.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Table<E>) -> R) -> Result<R, Busy> {
+        let (r, trash) = {
+            let mut t = match self.table.try_lock() {
+                Ok(t) => t,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return Err(Busy),
+            };
+            if self.has_pending.load(Ordering::Acquire) {
+                self.has_pending.store(false, Ordering::Release);
+                let refs = std::mem::take(&mut *lock_ignoring_poison(&self.pending));
+                for r in refs {
+                    t.remove_by_ref(r);
+                }
+            }
+            let r = f(&mut t);
+            t.maybe_compact(self.iterators.load(Ordering::Acquire) == 0);
+            (r, std::mem::take(&mut t.trash))
+        };
+        drop_unlocked(trash);
+        Ok(r)
+    }
+
+    /// A key died: remove the entry of weakref `refid` now, or later if the table is busy.
+    /// Returns true when it was applied now.
+    pub fn remove_dead(&self, refid: usize) -> bool {
+        if self.with(|t| t.remove_by_ref(refid)).is_ok() {
+            return true;
+        }
+        lock_ignoring_poison(&self.pending).push(refid);
+        self.has_pending.store(true, Ordering::Release);
+        false
+    }
+
+    /// Removals queued while the table was busy, not yet applied.
+    pub fn pending_count(&self) -> usize {
+        lock_ignoring_poison(&self.pending).len()
+    }
+
+    /// An iterator started: slot indices must stay put until `end_iteration`.
+    pub fn begin_iteration(&self) {
+        self.iterators.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn end_iteration(&self) {
+        self.iterators.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub fn iterators(&self) -> usize {
+        self.iterators.load(Ordering::Acquire)
+    }
+
+    /// Everything, for the garbage collector's traversal: `None` if the table is busy (then the
+    /// collector sees fewer references, which only keeps objects alive).
+    pub fn try_peek<R>(&self, f: impl FnOnce(&Table<E>) -> R) -> Option<R> {
+        match self.table.try_lock() {
+            Ok(t) => Some(f(&t)),
+            Err(TryLockError::Poisoned(p)) => Some(f(&p.into_inner())),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::Mutex as StdMutex;
+
+    /// An entry that records when it is dropped and whether the table was locked then.
+    struct Probe {
+        name: &'static str,
+        log: Arc<StdMutex<Vec<String>>>,
+        shared: std::sync::Weak<Shared<Probe>>,
+        on_drop: Option<usize>, // a refid whose key "dies" when this entry is dropped
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let shared = self.shared.upgrade().expect("shared alive");
+            let free = shared.try_peek(|_| ()).is_some();
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("drop {} unlocked={free}", self.name));
+            if let Some(r) = self.on_drop {
+                shared.remove_dead(r);
+            }
+        }
+    }
+
+    fn probe(
+        s: &Arc<Shared<Probe>>,
+        log: &Arc<StdMutex<Vec<String>>>,
+        name: &'static str,
+        on_drop: Option<usize>,
+    ) -> Probe {
+        Probe {
+            name,
+            log: log.clone(),
+            shared: Arc::downgrade(s),
+            on_drop,
+        }
+    }
+
+    #[test]
+    fn entries_are_dropped_after_unlocking_and_may_cascade() {
+        let s: Arc<Shared<Probe>> = Arc::new(Shared::default());
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        // dropping a's entry kills b's key, whose entry kills c's key
+        let (a, b, c) = (
+            probe(&s, &log, "a", Some(2)),
+            probe(&s, &log, "b", Some(3)),
+            probe(&s, &log, "c", None),
+        );
+        s.with(|t| {
+            t.insert_new(10, 1, a);
+            t.insert_new(20, 2, b);
+            t.insert_new(30, 3, c);
+        })
+        .unwrap();
+        s.with(|t| {
+            t.remove(10, true);
+        })
+        .unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "drop a unlocked=true",
+                "drop b unlocked=true",
+                "drop c unlocked=true"
+            ]
+        );
+        assert_eq!(s.with(|t| t.len()).unwrap(), 0);
+    }
+
+    #[test]
+    fn long_cascades_are_dropped_iteratively() {
+        thread_local!(static DEPTH: Cell<usize> = const { Cell::new(0) });
+        thread_local!(static MAX_DEPTH: Cell<usize> = const { Cell::new(0) });
+        struct Link {
+            shared: std::sync::Weak<Shared<Link>>,
+            next: Option<usize>,
+        }
+        impl Drop for Link {
+            fn drop(&mut self) {
+                let d = DEPTH.with(|d| d.get()) + 1;
+                DEPTH.with(|x| x.set(d));
+                MAX_DEPTH.with(|m| m.set(m.get().max(d)));
+                if let (Some(r), Some(s)) = (self.next, self.shared.upgrade()) {
+                    s.remove_dead(r);
+                }
+                DEPTH.with(|x| x.set(d - 1));
+            }
+        }
+        let s: Arc<Shared<Link>> = Arc::new(Shared::default());
+        let n = 100_000;
+        s.with(|t| {
+            for i in 0..n {
+                let next = (i + 1 < n).then_some(i + 1);
+                t.insert_new(
+                    i as u64,
+                    i,
+                    Link {
+                        shared: Arc::downgrade(&s),
+                        next,
+                    },
+                );
+            }
+        })
+        .unwrap();
+        s.remove_dead(0);
+        assert_eq!(s.with(|t| t.len()).unwrap(), 0);
+        assert_eq!(MAX_DEPTH.with(|m| m.get()), 1);
+    }
+
+    #[test]
+    fn removal_while_busy_is_deferred_then_applied() {
+        let s: Arc<Shared<u32>> = Arc::new(Shared::default());
+        s.with(|t| {
+            t.insert_new(1, 11, 1);
+            t.insert_new(2, 22, 2);
+        })
+        .unwrap();
+        let applied = s
+            .with(|t| {
+                // a callback firing while the table is locked
+                let now = s.remove_dead(11);
+                (now, t.len())
+            })
+            .unwrap();
+        assert_eq!(applied, (false, 2));
+        assert_eq!(s.pending_count(), 1);
+        assert_eq!(
+            s.with(|t| t.len()).unwrap(),
+            1,
+            "applied by the next with()"
+        );
+        assert_eq!(s.pending_count(), 0);
+    }
+
+    #[test]
+    fn reentrant_with_is_refused_not_deadlocked() {
+        let s: Shared<u32> = Shared::default();
+        let inner = s.with(|_| s.with(|_| ())).unwrap();
+        assert_eq!(inner, Err(Busy));
+    }
+
+    #[test]
+    fn no_compaction_while_iterating() {
+        let s: Shared<u32> = Shared::default();
+        s.with(|t| (0..64).for_each(|k| t.insert_new(k, k as usize, k as u32)))
+            .unwrap();
+        s.begin_iteration();
+        for r in 0..60 {
+            s.remove_dead(r);
+        }
+        assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 64));
+        s.end_iteration();
+        s.with(|_| ()).unwrap(); // compaction happens as a locked section ends
+        assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 4));
+    }
+}

@@ -1,0 +1,403 @@
+//! `Table`: the insertion-ordered, identity-keyed bookkeeping behind the weak dictionaries.
+//!
+//! Pure Rust (no pyo3): entries are generic, keys are `u64` (an object's address, or its hash for
+//! hash-keyed dictionaries) and every entry also carries a `refid` (the address of its weakref)
+//! so a weakref callback can find the entry it belongs to.
+//!
+//! Layout: a `Vec` of slots in insertion order (removed slots become tombstones) plus two hash
+//! maps, key -> slot index and refid -> key. Iterators walk slot indices, so slots never move
+//! while an iterator is alive; compaction (dropping tombstones) only happens when the caller says
+//! no iterator exists.
+//!
+//! Nothing here drops an entry: every removed entry is moved to `trash`, which the owner empties
+//! only after it has released its lock (dropping an entry runs Python code in the real
+//! dictionaries).
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+/// Hasher for keys that are already well spread integers (addresses, hashes): one multiply and
+/// a fold, so both the low bits (bucket) and the high bits (hashbrown's tag) vary.
+#[derive(Clone, Copy, Default)]
+pub struct IdHash;
+
+pub struct IdHasher(u64);
+
+impl BuildHasher for IdHash {
+    type Hasher = IdHasher;
+    #[inline]
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+#[inline]
+fn mix(x: u64) -> u64 {
+    let h = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^ (h >> 29)
+}
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix(self.0.rotate_left(8) ^ u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = mix(n);
+    }
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.0 = mix(n as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// One live slot.
+pub struct Slot<E> {
+    pub key: u64,
+    pub refid: usize,
+    pub entry: E,
+}
+
+/// Tombstones are compacted away once they outnumber live slots (and at least this many exist).
+const COMPACT_MIN_SLOTS: usize = 16;
+
+pub struct Table<E> {
+    slots: Vec<Option<Slot<E>>>,
+    index: HashMap<u64, usize, IdHash>,
+    by_ref: HashMap<usize, u64, IdHash>,
+    /// Bumped by every explicit insertion of a new key and every explicit removal (not by a key's
+    /// death): iterators compare it to detect "dictionary changed size during iteration".
+    size_changes: u64,
+    /// Removed entries, waiting to be dropped by the owner outside its lock.
+    pub trash: Vec<E>,
+}
+
+impl<E> Default for Table<E> {
+    fn default() -> Self {
+        Table {
+            slots: Vec::new(),
+            index: HashMap::with_hasher(IdHash),
+            by_ref: HashMap::with_hasher(IdHash),
+            size_changes: 0,
+            trash: Vec::new(),
+        }
+    }
+}
+
+impl<E> Table<E> {
+    /// Number of live entries.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    #[inline]
+    pub fn size_changes(&self) -> u64 {
+        self.size_changes
+    }
+
+    /// Number of slots (live and tombstones): an upper bound for iteration positions.
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<&E> {
+        let &i = self.index.get(&key)?;
+        self.slots[i].as_ref().map(|s| &s.entry)
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut E> {
+        let &i = self.index.get(&key)?;
+        self.slots[i].as_mut().map(|s| &mut s.entry)
+    }
+
+    /// Insert a key that is not present (the caller checked). Counts as a size change.
+    pub fn insert_new(&mut self, key: u64, refid: usize, entry: E) {
+        debug_assert!(
+            !self.index.contains_key(&key),
+            "insert_new of a present key"
+        );
+        let i = self.slots.len();
+        self.slots.push(Some(Slot { key, refid, entry }));
+        self.index.insert(key, i);
+        self.by_ref.insert(refid, key);
+        self.size_changes += 1;
+    }
+
+    fn take_slot(&mut self, i: usize) -> Option<&E> {
+        let slot = self.slots[i].take()?;
+        self.index.remove(&slot.key);
+        self.by_ref.remove(&slot.refid);
+        self.trash.push(slot.entry);
+        self.trash.last()
+    }
+
+    /// Remove `key` (moved to `trash`; a reference to it is returned). `explicit`: a user's
+    /// removal (counts as a size change), not a death.
+    pub fn remove(&mut self, key: u64, explicit: bool) -> Option<&E> {
+        let i = *self.index.get(&key)?;
+        if explicit {
+            self.size_changes += 1;
+        }
+        self.take_slot(i)
+    }
+
+    /// Remove the entry whose weakref is `refid` (its key died). Not a size change.
+    pub fn remove_by_ref(&mut self, refid: usize) -> bool {
+        let Some(&key) = self.by_ref.get(&refid) else {
+            return false;
+        };
+        self.remove(key, false).is_some()
+    }
+
+    /// The last live slot (LIFO order, as `dict.popitem`), without removing it.
+    pub fn last(&self) -> Option<&Slot<E>> {
+        self.slots.iter().rev().find_map(|s| s.as_ref())
+    }
+
+    /// The first live slot at index `>= from`, with its index.
+    #[inline]
+    pub fn next_live(&self, from: usize) -> Option<(usize, &Slot<E>)> {
+        self.slots
+            .get(from..)?
+            .iter()
+            .enumerate()
+            .find_map(|(off, s)| s.as_ref().map(|s| (from + off, s)))
+    }
+
+    /// Every live slot in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = &Slot<E>> {
+        self.slots.iter().filter_map(|s| s.as_ref())
+    }
+
+    /// Move every entry to `trash` (an explicit removal when anything was there).
+    pub fn clear(&mut self) {
+        if !self.is_empty() {
+            self.size_changes += 1;
+        }
+        self.index.clear();
+        self.by_ref.clear();
+        self.trash
+            .extend(self.slots.drain(..).flatten().map(|s| s.entry));
+    }
+
+    /// Drop tombstones when `allowed` (no iterator holds a slot index) and they are worth it:
+    /// trailing ones always, the rest once they outnumber live slots.
+    pub fn maybe_compact(&mut self, allowed: bool) {
+        if !allowed {
+            return;
+        }
+        while matches!(self.slots.last(), Some(None)) {
+            self.slots.pop();
+        }
+        let n = self.slots.len();
+        if n < COMPACT_MIN_SLOTS || self.len() * 2 > n {
+            return;
+        }
+        self.slots.retain(|s| s.is_some());
+        for (i, s) in self.slots.iter().enumerate() {
+            let s = s.as_ref().expect("retained only live slots");
+            self.index.insert(s.key, i);
+        }
+        if self.slots.capacity() > 4 * self.slots.len() + COMPACT_MIN_SLOTS {
+            self.slots.shrink_to(2 * self.slots.len());
+        }
+    }
+
+    /// Internal consistency (for tests): maps and slots agree.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let live: Vec<(usize, &Slot<E>)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+            .collect();
+        if live.len() != self.index.len() || live.len() != self.by_ref.len() {
+            return Err(format!(
+                "{} live slots, {} index entries, {} refs",
+                live.len(),
+                self.index.len(),
+                self.by_ref.len()
+            ));
+        }
+        for (i, s) in live {
+            if self.index.get(&s.key) != Some(&i) {
+                return Err(format!(
+                    "key {} maps to {:?}, slot {}",
+                    s.key,
+                    self.index.get(&s.key),
+                    i
+                ));
+            }
+            if self.by_ref.get(&s.refid) != Some(&s.key) {
+                return Err(format!("ref {} does not map to key {}", s.refid, s.key));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys<E>(t: &Table<E>) -> Vec<u64> {
+        t.iter().map(|s| s.key).collect()
+    }
+
+    #[test]
+    fn insert_get_remove_keep_order() {
+        let mut t = Table::default();
+        for k in [30u64, 10, 20] {
+            t.insert_new(k, k as usize + 1, format!("v{k}"));
+        }
+        assert_eq!(keys(&t), [30, 10, 20]);
+        assert_eq!(t.get(10).map(String::as_str), Some("v10"));
+        assert_eq!(t.remove(10, true).map(String::as_str), Some("v10"));
+        assert_eq!(t.trash, ["v10"]);
+        assert!(t.get(10).is_none());
+        assert!(t.remove(10, true).is_none());
+        assert_eq!(keys(&t), [30, 20]);
+        assert_eq!(t.len(), 2);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn remove_by_ref_is_not_a_size_change() {
+        let mut t = Table::default();
+        t.insert_new(1, 100, ());
+        t.insert_new(2, 200, ());
+        let before = t.size_changes();
+        assert!(t.remove_by_ref(100));
+        assert!(!t.remove_by_ref(100));
+        assert_eq!(t.size_changes(), before);
+        assert!(t.remove(2, true).is_some());
+        assert_eq!(t.size_changes(), before + 1);
+        assert!(t.is_empty());
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn slots_stay_put_until_compaction_is_allowed() {
+        let mut t = Table::default();
+        for k in 0..100u64 {
+            t.insert_new(k, k as usize, k);
+        }
+        for k in 0..90u64 {
+            t.remove_by_ref(k as usize);
+            t.maybe_compact(false);
+        }
+        // an iterator positioned at slot 95 still finds key 95 there
+        assert_eq!(t.next_live(95).map(|(i, s)| (i, s.key)), Some((95, 95)));
+        assert_eq!(t.slot_count(), 100);
+        t.maybe_compact(true);
+        assert_eq!(t.slot_count(), 10);
+        assert_eq!(keys(&t), (90..100).collect::<Vec<_>>());
+        assert_eq!(t.get(95), Some(&95));
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn trailing_tombstones_go_and_last_is_lifo() {
+        let mut t = Table::default();
+        for k in 0..4u64 {
+            t.insert_new(k, k as usize, ());
+        }
+        assert_eq!(t.last().map(|s| s.key), Some(3));
+        t.remove(3, true);
+        assert_eq!(t.last().map(|s| s.key), Some(2));
+        t.maybe_compact(true);
+        assert_eq!(t.slot_count(), 3);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn clear_moves_everything_to_trash() {
+        let mut t = Table::default();
+        for k in 0..5u64 {
+            t.insert_new(k, k as usize, k);
+        }
+        let before = t.size_changes();
+        t.clear();
+        assert!(t.is_empty());
+        assert_eq!(t.trash, [0, 1, 2, 3, 4]);
+        assert_eq!(t.size_changes(), before + 1);
+        t.check_invariants().unwrap();
+        t.clear();
+        assert_eq!(
+            t.size_changes(),
+            before + 1,
+            "clearing an empty table changes nothing"
+        );
+    }
+
+    #[test]
+    fn random_operations_match_a_model() {
+        // a tiny deterministic generator, no external crates
+        let mut seed = 0x1234_5678_u64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut t: Table<u64> = Table::default();
+        let mut model: Vec<(u64, u64)> = Vec::new(); // (key, value) in insertion order
+        for step in 0..20_000u64 {
+            let k = rnd(64) * 16; // address-like keys
+            match rnd(4) {
+                0 | 1 => {
+                    if let Some(e) = t.get_mut(k) {
+                        *e = step;
+                        model.iter_mut().find(|(mk, _)| *mk == k).unwrap().1 = step;
+                    } else {
+                        t.insert_new(k, (k + 1) as usize, step);
+                        model.push((k, step));
+                    }
+                }
+                2 => {
+                    let got = t.remove(k, true).copied();
+                    let pos = model.iter().position(|(mk, _)| *mk == k);
+                    assert_eq!(got, pos.map(|p| model.remove(p).1));
+                }
+                _ => {
+                    let got = t.remove_by_ref((k + 1) as usize);
+                    let pos = model.iter().position(|(mk, _)| *mk == k);
+                    assert_eq!(got, pos.is_some());
+                    if let Some(p) = pos {
+                        model.remove(p);
+                    }
+                }
+            }
+            t.maybe_compact(rnd(3) != 0);
+            t.trash.clear();
+            let got: Vec<(u64, u64)> = t.iter().map(|s| (s.key, s.entry)).collect();
+            assert_eq!(got, model, "step {step}");
+        }
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn hasher_spreads_aligned_addresses() {
+        let b = IdHash;
+        let mut low = std::collections::HashSet::new();
+        for i in 0..256u64 {
+            let mut h = b.build_hasher();
+            h.write_u64(0x7f00_0000_0000 + i * 16);
+            low.insert(h.finish() & 0xff);
+        }
+        assert!(low.len() > 128, "only {} distinct low bytes", low.len());
+    }
+}
