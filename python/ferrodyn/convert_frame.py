@@ -1,0 +1,354 @@
+"""The frame callback: what happens when the Rust hook misses its cache for a frame.
+
+Owns the compile pipeline of one frame — skip rules, trace (`ferrodyn.symbolic.trace_frame`),
+backend compile, guard compile, entry codegen, `_C.CacheEntry` — and the decisions around it:
+which code is never traced (torch's, ferrodyn's, the standard library's: marked SKIP the first
+time it is seen), what to do with unsupported frames (fullgraph: raise; otherwise run eagerly
+and remember it, so the frame is not traced again for inputs like these), and the records that
+`explain` and the logs read. Does not own the per-call hook (Rust) or the public API (api.py).
+
+    hook miss ──► FrameCallback(frame)
+                    ├─ skipped file / generator ──► skip_code, None (run normally)
+                    ├─ at the cache limit / known-eager inputs ──► None
+                    ├─ trace_frame ── Unsupported ──► fullgraph: raise │ else remember, None
+                    ├─ backend(gm, example_inputs) ── raises ──► BackendCompilerFailed
+                    ├─ guards.compile_guards(specs) ──► GuardTree
+                    └─ codegen.generate_entry ──► CacheEntry (inserted and run by the hook)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import logging
+import os
+
+import sysconfig
+import weakref
+from types import CodeType
+from typing import Any, Callable
+
+import torch
+
+from ferrodyn import _C, codegen, config
+from ferrodyn.exc import BackendCompilerFailed, BreakReason, Unsupported
+from ferrodyn.guard_spec import GuardKind, GuardSpec
+from ferrodyn.guards import GuardCompileError, compile_guards
+from ferrodyn.logs import eager_log, graph_log, guards_log, recompiles_log
+from ferrodyn.source import LocalSource
+from ferrodyn.trace_result import Out, OutCall, OutDict, OutGraph, OutList, OutTuple, TraceResult
+
+_NO_TRACE_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coroutine, async gen
+
+# Unsupported reasons that cannot depend on the inputs: the code is marked SKIP at once.
+_INPUT_INDEPENDENT = frozenset({BreakReason.UNSUPPORTED_OPCODE, BreakReason.GENERATOR})
+
+log = logging.getLogger("ferrodyn")
+
+# ---------------------------------------------------------------------------------------------
+# Skip rules
+# ---------------------------------------------------------------------------------------------
+
+# Code objects traced even though their file is skipped (OptimizedModule's inline frames).
+_ALWAYS_TRACE: "weakref.WeakSet[CodeType]" = weakref.WeakSet()
+_SKIPPED_LIBRARIES = ("torch", "functorch", "numpy", "sympy", "mpmath", "_pytest", "pluggy",
+                      "typing_extensions", "triton", "hypothesis")
+
+
+def always_trace(code: CodeType) -> None:
+    """Trace frames of `code` although its file is in a skipped directory."""
+    _ALWAYS_TRACE.add(code)
+
+
+@functools.cache
+def _skip_prefixes() -> tuple[str, ...]:
+    dirs = {os.path.dirname(os.path.abspath(__file__))}
+    for lib in _SKIPPED_LIBRARIES:
+        try:
+            spec = importlib.util.find_spec(lib)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            dirs.update(os.path.abspath(p) for p in spec.submodule_search_locations)
+    prefixes = [d.rstrip(os.sep) + os.sep for d in dirs]
+    prefixes += list(config.skip_file_prefixes)
+    return tuple(prefixes)
+
+
+@functools.cache
+def _stdlib_prefixes() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.abspath(paths[k]).rstrip(os.sep) + os.sep for k in ("stdlib", "platstdlib")})
+
+
+def skip_rules_changed() -> None:
+    _skip_prefixes.cache_clear()
+
+
+def is_skipped_file(filename: str) -> bool:
+    """Whether code from `filename` is never traced: torch, ferrodyn, the standard library
+    (site-packages excepted), frozen modules, fx-generated code, and config.skip_file_prefixes."""
+    if filename.startswith("<"):
+        return filename.startswith(("<frozen", "<eval_with_key>"))
+    if filename.startswith(_skip_prefixes()):
+        return True
+    return filename.startswith(_stdlib_prefixes()) and "-packages" + os.sep not in filename
+
+
+# ---------------------------------------------------------------------------------------------
+# State reset by ferrodyn.reset()
+# ---------------------------------------------------------------------------------------------
+
+# id(code) -> (weakref to code, [GuardTree]): inputs under which the frame is known to run eagerly
+_eager_trees: dict[int, tuple[Any, list[Any]]] = {}
+_frame_ids: dict[int, int] = {}
+_frame_counter = itertools.count()
+_backend_ids: dict[int, int] = {}
+# objects with on_graph(record) / on_eager(record): explain() listens here
+recorders: list[Any] = []
+
+
+def reset_state() -> None:
+    global _frame_counter
+    _eager_trees.clear()
+    _frame_ids.clear()
+    _frame_counter = itertools.count()
+
+
+def _backend_id(backend: Any) -> int:
+    return _backend_ids.setdefault(id(backend), len(_backend_ids) + 1)
+
+
+def _compile_id(code: CodeType, n_entries: int) -> str:
+    fid = _frame_ids.get(id(code))
+    if fid is None:
+        fid = _frame_ids[id(code)] = next(_frame_counter)
+    return f"{fid}/{n_entries}"
+
+
+def _where(code: CodeType) -> str:
+    return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager memory: "do not retrace this frame pointlessly"
+# ---------------------------------------------------------------------------------------------
+
+def _known_eager(code: CodeType, frame) -> bool:
+    item = _eager_trees.get(id(code))
+    if item is None or item[0]() is not code:
+        return False
+    return any(t.check(frame.args, frame.f_globals, frame.f_builtins, frame.closure) for t in item[1])
+
+
+def _input_specs(code: CodeType, args: tuple) -> list[GuardSpec]:
+    specs = [GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
+    for i, (name, value) in enumerate(zip(code.co_varnames, args)):
+        src = LocalSource(i, name)
+        if isinstance(value, torch.Tensor):
+            specs.append(GuardSpec.make(src, GuardKind.TENSOR_MATCH, value))
+        else:
+            specs.append(GuardSpec.make(src, GuardKind.TYPE_MATCH, type(value)))
+    return specs
+
+
+def _remember_eager(code: CodeType, frame, exc: BaseException) -> None:
+    reason = getattr(exc, "reason", None)
+    if reason in _INPUT_INDEPENDENT:
+        _C.skip_code(code)
+        return
+    key = id(code)
+    item = _eager_trees.get(key)
+    if item is None or item[0]() is not code:
+        ref = weakref.ref(code, lambda _r, k=key: _eager_trees.pop(k, None))
+        item = _eager_trees[key] = (ref, [])
+    if len(item[1]) >= config.cache_size_limit:
+        _C.skip_code(code)
+        return
+    specs = getattr(exc, "guards", None)
+    specs = [*specs, GuardSpec.make(None, GuardKind.GLOBAL_STATE)] if specs else _input_specs(code, frame.args)
+    try:
+        item[1].append(compile_guards(specs, frame.f_globals, frame.f_builtins))
+    except Exception:  # cannot express the inputs as guards: never trace this code again
+        _C.skip_code(code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records (for explain and the logs)
+# ---------------------------------------------------------------------------------------------
+
+class GraphRecord:
+    """One captured frame: its graph, guards and compile id."""
+
+    def __init__(self, code, result: TraceResult, tree, compile_id: str, recompile_reasons):
+        self.code = code
+        self.graph = result.graph
+        self.result = result
+        self.guards = list(tree.leaves()) if hasattr(tree, "leaves") else [g.describe() for g in result.guards]
+        self.compile_id = compile_id
+        self.recompile_reasons = recompile_reasons
+
+
+class EagerRecord:
+    """One frame that runs eagerly, and why."""
+
+    def __init__(self, code, exc: BaseException):
+        self.code = code
+        self.reason = str(exc)
+        self.exception = exc
+
+
+def graph_ops(gm: torch.fx.GraphModule) -> list[Any]:
+    return [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+
+
+def _uses_graph(out: Out) -> bool:
+    if isinstance(out, OutGraph):
+        return True
+    if isinstance(out, (OutTuple, OutList)):
+        return any(_uses_graph(i) for i in out.items)
+    if isinstance(out, OutDict):
+        return any(_uses_graph(v) for v in out.values)
+    if isinstance(out, OutCall):
+        return any(_uses_graph(a) for a in out.args)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The callback
+# ---------------------------------------------------------------------------------------------
+
+def _default_tracer():
+    from ferrodyn.symbolic import trace_frame
+
+    return trace_frame
+
+
+class FrameCallback:
+    """The thread's frame callback for one `ferrodyn.compile` call (one backend, one fullgraph
+    setting). `tracer` is `trace_frame` unless a test supplies another."""
+
+    def __init__(self, backend: Callable[..., Any], *, fullgraph: bool = False,
+                 dynamic: bool | None = None, tracer: Callable[..., TraceResult] | None = None):
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.tracer = tracer
+        self.backend_id = _backend_id(backend)
+
+    def __call__(self, frame) -> Any:
+        code = frame.f_code
+        if code.co_flags & _NO_TRACE_FLAGS or (is_skipped_file(code.co_filename) and code not in _ALWAYS_TRACE):
+            _C.skip_code(code)
+            return None
+        return self.convert(frame)
+
+    # -- the pipeline ---------------------------------------------------------------------
+    def convert(self, frame) -> Any:
+        code = frame.f_code
+        entries = _C.cache_entries(code)
+        reasons = self._recompile_reasons(code, frame, entries) if entries else []
+        if len(entries) >= config.cache_size_limit:
+            return None  # Rust runs the frame normally and warns once
+        if _known_eager(code, frame):
+            return None
+        tracer = self.tracer or _default_tracer()
+        try:
+            result = tracer(code, frame.f_globals, frame.f_builtins, frame.args, frame.closure,
+                            fullgraph=self.fullgraph)
+        except Unsupported as e:
+            if self.fullgraph:
+                raise
+            return self._run_eager(code, frame, e)
+        except Exception as e:  # an internal error of the converter
+            if self.fullgraph or not config.suppress_errors:
+                raise
+            log.warning("ferrodyn: internal error while tracing %s, running it eagerly: %s: %s",
+                        _where(code), type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
+            return self._run_eager(code, frame, e)
+        return self.compile_result(code, frame, result, n_entries=len(entries), reasons=reasons)
+
+    def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
+        gm = result.graph
+        graph_fn = None
+        if _uses_graph(result.output):
+            if graph_ops(gm):
+                graph_fn = self.call_backend(gm, result.example_inputs)
+            else:
+                graph_fn = gm.forward  # nothing to compile: torch.compile skips the backend too
+        specs = [*result.guards, GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
+        try:
+            tree = compile_guards(specs, frame.f_globals, frame.f_builtins)
+        except GuardCompileError as e:
+            err = Unsupported(f"cannot guard on this value: {e}", BreakReason.UNSUPPORTED_TYPE,
+                              filename=code.co_filename, lineno=code.co_firstlineno)
+            if self.fullgraph:
+                raise err from e
+            return self._run_eager(code, frame, err)
+        fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins)
+        compile_id = _compile_id(code, n_entries)
+        entry = _C.CacheEntry(fn, tree, backend_id=self.backend_id, compile_id=compile_id)
+        self._log_compiled(code, gm, fn, tree, compile_id)
+        if recorders:
+            record = GraphRecord(code, result, tree, compile_id, list(reasons))
+            for r in recorders:
+                r.on_graph(record)
+        return entry
+
+    def call_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        try:
+            compiled = self.backend(gm, list(example_inputs))
+        except Exception as e:
+            raise BackendCompilerFailed(self.backend, e) from e
+        if not callable(compiled):
+            raise BackendCompilerFailed(self.backend, TypeError(
+                f"the backend returned {type(compiled).__name__}, not a callable"))
+        return compiled
+
+    # -- eager, logs ------------------------------------------------------------------------
+    def _run_eager(self, code, frame, exc: BaseException):
+        _remember_eager(code, frame, exc)
+        if eager_log.isEnabledFor(logging.DEBUG):
+            eager_log.debug("running %s eagerly: %s", _where(code), exc)
+        if config.verbose:
+            import warnings
+
+            warnings.warn(f"ferrodyn: running {_where(code)} eagerly: {exc}", stacklevel=2)
+        if recorders:
+            record = EagerRecord(code, exc)
+            for r in recorders:
+                r.on_eager(record)
+        return None
+
+    def _recompile_reasons(self, code, frame, entries) -> list[str]:
+        if not (recompiles_log.isEnabledFor(logging.DEBUG) or recorders):
+            return []
+        reasons = []
+        for e in entries:
+            try:
+                why = e.guards.explain(frame.args, frame.f_globals, frame.f_builtins, frame.closure)
+            except Exception as err:  # explaining must never break compiling
+                why = f"<could not explain: {err}>"
+            reasons.append(f"[{e.compile_id}] {why}")
+        if recompiles_log.isEnabledFor(logging.DEBUG):
+            if len(entries) >= config.cache_size_limit:
+                recompiles_log.debug("%s: cache_size_limit (%d) reached, running eagerly; failed guards:\n  %s",
+                                     _where(code), config.cache_size_limit, "\n  ".join(reasons))
+            else:
+                recompiles_log.debug("recompiling %s: every cached entry failed its guards:\n  %s",
+                                     _where(code), "\n  ".join(reasons))
+        return reasons
+
+    def _log_compiled(self, code, gm, fn, tree, compile_id) -> None:
+        if graph_log.isEnabledFor(logging.DEBUG):
+            graph_log.debug("graph [%s] of %s:\n%s\nentry:\n%s", compile_id, _where(code),
+                            gm.print_readable(print_output=False),
+                            getattr(fn, "__ferrodyn_source__", ""))
+        if guards_log.isEnabledFor(logging.DEBUG):
+            guards_log.debug("guards [%s] of %s:\n  %s", compile_id, _where(code),
+                             "\n  ".join(tree.leaves()))
+
+
+__all__ = ["FrameCallback", "is_skipped_file", "always_trace", "reset_state", "recorders"]
+

@@ -1,0 +1,85 @@
+"""The Python side of the frame hook: installing this thread's callback around a call.
+
+Owns the compiled-function wrapper (`wrap_compiled`: set the thread's callback, call the
+original, restore — nothing else per call) and `disable` (callback off around a call or a
+`with` block). Does not own the callback (convert_frame.py) or the hook itself (Rust).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from ferrodyn import _C
+
+_set_eval_frame = getattr(_C, "set_eval_frame", None)  # None only before the hook is built
+
+
+def wrap_compiled(fn: Callable[..., Any], callback: Any) -> Callable[..., Any]:
+    """`fn` with `callback` installed as this thread's frame callback for the duration of each
+    call: every frame started inside (fn's own and its callees') is seen by the hook."""
+    sef = _set_eval_frame
+
+    @functools.wraps(fn)
+    def ferrodyn_compiled(*args, **kwargs):
+        prior = sef(callback)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sef(prior)
+
+    ferrodyn_compiled._ferrodyn_compiled = True  # type: ignore[attr-defined]
+    ferrodyn_compiled._ferrodyn_orig = fn  # type: ignore[attr-defined]
+    ferrodyn_compiled._ferrodyn_callback = callback  # type: ignore[attr-defined]
+    return ferrodyn_compiled
+
+
+class DisableContext:
+    """`with ferrodyn.disable():` — no frame is intercepted inside the block on this thread.
+    Also a decorator (`@ferrodyn.disable()`)."""
+
+    def __init__(self) -> None:
+        self._saved: list[Any] = []
+
+    def __enter__(self) -> "DisableContext":
+        self._saved.append(_set_eval_frame(None))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _set_eval_frame(self._saved.pop())
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return disable(fn)
+
+
+def disable(fn: Callable[..., Any] | None = None, recursive: bool = True):
+    """Run `fn` without graph capture (like `torch._dynamo.disable`).
+
+    `disable(fn)` / `@disable`: a wrapper that turns this thread's callback off for the call, so
+    neither fn nor anything it calls is traced. `recursive=False`: only fn's own frames are
+    skipped (its callees are still captured); fn is returned unchanged. `disable()` with no
+    function: a context manager and decorator."""
+    if fn is None:
+        return DisableContext()
+    if not callable(fn):
+        raise TypeError(f"ferrodyn.disable expects a callable, got {type(fn).__name__}")
+    if not recursive:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        if code is None:
+            code = getattr(getattr(fn, "forward", None), "__code__", None)
+        if code is not None:
+            _C.skip_code(code)
+        return fn
+    sef = _set_eval_frame
+
+    @functools.wraps(fn)
+    def ferrodyn_disabled(*args, **kwargs):
+        prior = sef(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sef(prior)
+
+    ferrodyn_disabled._ferrodyn_disabled = True  # type: ignore[attr-defined]
+    return ferrodyn_disabled

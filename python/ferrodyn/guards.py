@@ -1,0 +1,99 @@
+"""Compile guard specifications (guard_spec.GuardSpec) into a Rust `_C.GuardTree`.
+
+Owns the mapping Source -> GuardBuilder accessor and GuardKind -> GuardBuilder leaf, both as
+dispatch tables. Does not decide what to guard (the converter does) and never evaluates a guard
+(Rust does, on every call).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from ferrodyn import _C
+from ferrodyn.guard_spec import GuardKind, GuardSpec
+from ferrodyn.source import (
+    AttrSource,
+    BuiltinSource,
+    ClosureSource,
+    DictOfSource,
+    GlobalSource,
+    ItemSource,
+    LenSource,
+    LocalSource,
+    Source,
+    TypeSource,
+)
+
+
+class GuardCompileError(TypeError):
+    """A spec that cannot be expressed as a Rust guard (an unknown Source or kind)."""
+
+
+# Source class -> how to make its accessor: (builder, source, node_of) -> GuardNode
+_ACCESSORS: dict[type, Callable[[Any, Any, Callable[[Source], Any]], Any]] = {
+    LocalSource: lambda b, s, node: b.local(s.index, s.local_name),
+    GlobalSource: lambda b, s, node: b.global_(s.global_name),
+    BuiltinSource: lambda b, s, node: b.builtin(s.builtin_name),
+    ClosureSource: lambda b, s, node: b.closure_cell(s.index, s.cell_name),
+    AttrSource: lambda b, s, node: b.attr(node(s.base), s.attr),
+    ItemSource: lambda b, s, node: b.item(node(s.base), s.key),
+    DictOfSource: lambda b, s, node: b.dict_of(node(s.base)),
+    TypeSource: lambda b, s, node: b.type_of(node(s.base)),
+    LenSource: lambda b, s, node: b.len_of(node(s.base)),
+}
+
+# GuardKind -> how to add its leaf: (builder, node, spec) -> None
+_LEAVES: dict[GuardKind, Callable[[Any, Any, GuardSpec], None]] = {
+    GuardKind.TYPE_MATCH: lambda b, n, g: b.type_is(n, g.payload),
+    GuardKind.ID_MATCH: lambda b, n, g: b.is_(n, g.payload),
+    GuardKind.NONE: lambda b, n, g: b.is_none(n),
+    GuardKind.NOT_NONE: lambda b, n, g: b.is_not_none(n),
+    GuardKind.EQUALS: lambda b, n, g: b.equals(n, g.payload),
+    GuardKind.LENGTH: lambda b, n, g: b.length_is(n, g.payload),
+    GuardKind.DICT_KEYS: lambda b, n, g: b.dict_keys(n, list(g.payload)),
+    GuardKind.TENSOR_MATCH: lambda b, n, g: b.tensor_match(n, g.payload, dynamic_dims=g.dynamic_dims),
+}
+
+
+def _accessor_for(cls: type):
+    for klass in cls.__mro__:
+        if klass in _ACCESSORS:
+            return _ACCESSORS[klass]
+    return None
+
+
+def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
+                   f_builtins: dict | None = None, *, builder_factory: Callable[..., Any] | None = None):
+    """Build one GuardTree from `specs` (duplicates dropped, order kept; the tree orders its
+    leaves cheap-first itself). `builder_factory` defaults to `_C.GuardBuilder`."""
+    builder = (builder_factory or _C.GuardBuilder)(f_globals, f_builtins)
+    nodes: dict[Source, Any] = {}
+
+    def node_of(src: Source):
+        found = nodes.get(src)
+        if found is None:
+            make = _accessor_for(type(src))
+            if make is None:
+                raise GuardCompileError(f"no guard accessor for source {type(src).__name__} ({src.name()})")
+            found = nodes[src] = make(builder, src, node_of)
+        return found
+
+    seen: set[GuardSpec] = set()
+    for spec in specs:
+        if spec in seen:
+            continue
+        seen.add(spec)
+        if spec.kind is GuardKind.GLOBAL_STATE:
+            builder.global_state()
+            continue
+        leaf = _LEAVES.get(spec.kind)
+        if leaf is None:
+            raise GuardCompileError(f"no guard leaf for kind {spec.kind!r}")
+        if spec.source is None:
+            raise GuardCompileError(f"{spec.kind.name} guard without a source")
+        node = node_of(spec.source)
+        try:
+            leaf(builder, node, spec)
+        except TypeError as e:  # a payload the leaf cannot hold (e.g. EQUALS on an object)
+            raise GuardCompileError(f"{spec.describe()}: {e}") from e
+    return builder.build()

@@ -1,0 +1,165 @@
+"""Opcode handlers: loads and stores of constants, locals, globals, cells, attributes and
+imports (LOAD_CONST, LOAD_FAST*, STORE_FAST, LOAD_GLOBAL, LOAD_DEREF, LOAD_ATTR, LOAD_METHOD,
+LOAD_SUPER_ATTR, STORE_ATTR, MAKE_CELL, IMPORT_NAME, ...). Stores to globals or to attributes
+of objects from outside the frame are side effects and refused (by the trackers).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.symbolic.registry import opcode
+from ferrodyn.symbolic.translator import is_null
+from ferrodyn.variables.base import NULL, unsupported
+from ferrodyn.variables.builder import build_unsourced
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
+from ferrodyn.variables.functions import CellState, CellVariable
+
+
+@opcode()
+def LOAD_CONST(tx, inst):
+    value = inst.argval
+    if type(value) is tuple and is_constant_value(value):
+        tx.push(build_unsourced(value))
+    else:
+        tx.push(ConstantVariable(value=value))
+
+
+@opcode(since=(3, 12))
+def RETURN_CONST(tx, inst):
+    LOAD_CONST(tx, inst)
+    tx.returned = tx.pop()
+
+
+def _load_fast(tx, name):
+    if name not in tx.locals:
+        unsupported(f"UnboundLocalError: {name!r}", BreakReason.EXCEPTION)
+    v = tx.realize(tx.locals[name])
+    tx.locals[name] = v
+    return v
+
+
+@opcode()
+def LOAD_FAST(tx, inst):
+    tx.push(_load_fast(tx, inst.argval))
+
+
+@opcode(since=(3, 12))
+def LOAD_FAST_CHECK(tx, inst):
+    tx.push(_load_fast(tx, inst.argval))
+
+
+@opcode(since=(3, 12))
+def LOAD_FAST_AND_CLEAR(tx, inst):
+    """3.12 inlined comprehensions: save the outer binding (or NULL) and clear it."""
+    v = tx.locals.pop(inst.argval, NULL)
+    tx.stack.append(v)
+
+
+@opcode()
+def STORE_FAST(tx, inst):
+    v = tx.pop()
+    if is_null(v):
+        tx.locals.pop(inst.argval, None)
+    else:
+        tx.locals[inst.argval] = v
+
+
+@opcode()
+def DELETE_FAST(tx, inst):
+    if inst.argval not in tx.locals:
+        unsupported(f"UnboundLocalError: {inst.argval!r}", BreakReason.EXCEPTION)
+    del tx.locals[inst.argval]
+
+
+@opcode()
+def LOAD_GLOBAL(tx, inst):
+    if inst.arg & 1:
+        tx.push(NULL)
+    tx.push(tx.load_global(inst.argval))
+
+
+@opcode()
+def MAKE_CELL(tx, inst):
+    name = inst.argval
+    content = tx.locals.pop(name, None)
+    tx.cells[name] = CellVariable(state=CellState(content))
+
+
+@opcode()
+def COPY_FREE_VARS(tx, inst):
+    """Closure cells were bound when the translator was made."""
+
+
+@opcode()
+def LOAD_CLOSURE(tx, inst):
+    tx.push(tx.cell(inst.argval))
+
+
+@opcode()
+def LOAD_DEREF(tx, inst):
+    tx.push(tx.cell(inst.argval).load(tx, inst.argval))
+
+
+@opcode()
+def STORE_DEREF(tx, inst):
+    tx.cell(inst.argval).store(tx, inst.argval, tx.pop())
+
+
+@opcode()
+def LOAD_ATTR(tx, inst):
+    obj = tx.pop()
+    if sys.version_info >= (3, 12) and inst.arg & 1:
+        tx.push(NULL)
+    tx.push(obj.var_getattr(tx, inst.argval))
+
+
+@opcode(until=(3, 11))
+def LOAD_METHOD(tx, inst):
+    obj = tx.pop()
+    tx.push(NULL)
+    tx.push(obj.var_getattr(tx, inst.argval))
+
+
+@opcode(since=(3, 12))
+def LOAD_SUPER_ATTR(tx, inst):
+    """`super().name` (bit 0: method load; bit 1: two-argument super)."""
+    from ferrodyn.variables.user_objects import SuperVariable
+    obj = tx.pop()
+    cls = tx.pop()
+    tx.pop()  # the global `super`
+    sup = SuperVariable(cls=cls.as_python_constant(), obj=obj)
+    if inst.arg & 1:
+        tx.push(NULL)
+    tx.push(sup.var_getattr(tx, inst.argval))
+
+
+@opcode()
+def STORE_ATTR(tx, inst):
+    obj = tx.pop()
+    value = tx.pop()
+    obj.setattr(tx, inst.argval, value)
+
+
+@opcode()
+def LOAD_ASSERTION_ERROR(tx, inst):
+    """Only reached when an `assert` fails at trace time."""
+    unsupported("assertion failed while tracing", BreakReason.EXCEPTION)
+
+
+@opcode()
+def IMPORT_NAME(tx, inst):
+    fromlist = tx.pop()
+    level = tx.pop().as_python_constant()
+    name = inst.argval
+    if level != 0 or name not in sys.modules:
+        unsupported(f"import of {name!r} (not yet imported)", BreakReason.SIDE_EFFECT)
+    fl = fromlist.as_python_constant()
+    mod = sys.modules[name] if fl else sys.modules[name.partition(".")[0]]
+    tx.push(build_unsourced(mod))
+
+
+@opcode()
+def IMPORT_FROM(tx, inst):
+    tx.push(tx.peek().var_getattr(tx, inst.argval))

@@ -1,0 +1,108 @@
+"""The explicit list of opcodes the translator does not trace, with the reason for each.
+
+Owns `UNSUPPORTED` (opcode name -> (BreakReason, note, first version, last version)) and
+`refuse(inst)`, which raises Unsupported for them (and for anything unknown). Coverage is
+visible at a glance: tests/test_opcode_coverage.py asserts that every opcode of the running
+Python is either handled (registry.py) or listed here, never both.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.variables.base import unsupported
+
+
+class Refusal(NamedTuple):
+    reason: BreakReason
+    note: str
+    since: tuple[int, int] = (3, 11)
+    until: tuple[int, int] = (3, 12)
+
+
+_EXC = BreakReason.EXCEPTION
+_GEN = BreakReason.GENERATOR
+_SIDE = BreakReason.SIDE_EFFECT
+_OP = BreakReason.UNSUPPORTED_OPCODE
+_V311 = {"until": (3, 11)}
+_V312 = {"since": (3, 12)}
+
+UNSUPPORTED: dict[str, Refusal] = {
+    # exceptions (raising, handling; the exceptional half of `with`)
+    "RAISE_VARARGS": Refusal(_EXC, "raise"),
+    "RERAISE": Refusal(_EXC, "re-raise in an exception handler"),
+    "PUSH_EXC_INFO": Refusal(_EXC, "entering an except/finally handler"),
+    "POP_EXCEPT": Refusal(_EXC, "leaving an except handler"),
+    "CHECK_EXC_MATCH": Refusal(_EXC, "except clause"),
+    "CHECK_EG_MATCH": Refusal(_EXC, "except* clause"),
+    "PREP_RERAISE_STAR": Refusal(_EXC, "except* clause", **_V311),
+    "WITH_EXCEPT_START": Refusal(_EXC, "exception inside a with block"),
+    "CLEANUP_THROW": Refusal(_EXC, "generator.throw", **_V312),
+    "CALL_INTRINSIC_2": Refusal(_EXC, "except* / type parameters", **_V312),
+    # generators, coroutines, async
+    "SEND": Refusal(_GEN, "yield from / await"),
+    "END_SEND": Refusal(_GEN, "yield from / await", **_V312),
+    "GET_YIELD_FROM_ITER": Refusal(_GEN, "yield from"),
+    "GET_AWAITABLE": Refusal(_GEN, "await"),
+    "GET_AITER": Refusal(_GEN, "async for"),
+    "GET_ANEXT": Refusal(_GEN, "async for"),
+    "END_ASYNC_FOR": Refusal(_GEN, "async for"),
+    "BEFORE_ASYNC_WITH": Refusal(_GEN, "async with"),
+    "ASYNC_GEN_WRAP": Refusal(_GEN, "async generator", **_V311),
+    # stores that escape the frame
+    "STORE_GLOBAL": Refusal(_SIDE, "assignment to a global"),
+    "DELETE_GLOBAL": Refusal(_SIDE, "deletion of a global"),
+    "DELETE_ATTR": Refusal(_SIDE, "attribute deletion"),
+    "DELETE_DEREF": Refusal(_SIDE, "deletion of a closure variable"),
+    "IMPORT_STAR": Refusal(_SIDE, "from m import *", **_V311),
+    # module / class bodies (never a traced function frame)
+    "LOAD_NAME": Refusal(_OP, "module/class-body name lookup"),
+    "STORE_NAME": Refusal(_OP, "module/class-body name store"),
+    "DELETE_NAME": Refusal(_OP, "module/class-body name deletion"),
+    "LOAD_CLASSDEREF": Refusal(_OP, "class-body closure lookup", **_V311),
+    "LOAD_LOCALS": Refusal(_OP, "class body / type parameters", **_V312),
+    "LOAD_FROM_DICT_OR_DEREF": Refusal(_OP, "class body / type parameters", **_V312),
+    "LOAD_FROM_DICT_OR_GLOBALS": Refusal(_OP, "class body / type parameters", **_V312),
+    "LOAD_BUILD_CLASS": Refusal(_OP, "class statement"),
+    "SETUP_ANNOTATIONS": Refusal(_OP, "module/class annotations"),
+    "PRINT_EXPR": Refusal(_OP, "interactive-mode expression", **_V311),
+    # sets (no set tracker yet)
+    "BUILD_SET": Refusal(BreakReason.UNSUPPORTED_TYPE, "set display"),
+    "SET_ADD": Refusal(BreakReason.UNSUPPORTED_TYPE, "set comprehension"),
+    "SET_UPDATE": Refusal(BreakReason.UNSUPPORTED_TYPE, "set display with *"),
+    # structural pattern matching
+    "MATCH_CLASS": Refusal(_OP, "match statement"),
+    "MATCH_KEYS": Refusal(_OP, "match statement"),
+    "MATCH_MAPPING": Refusal(_OP, "match statement"),
+    "MATCH_SEQUENCE": Refusal(_OP, "match statement"),
+    # 3.12 pseudo-instructions (compiler-internal, never in a code object)
+    **{name: Refusal(_OP, "pseudo-instruction", **_V312) for name in (
+        "JUMP", "JUMP_NO_INTERRUPT", "POP_BLOCK", "SETUP_CLEANUP", "SETUP_FINALLY",
+        "SETUP_WITH", "LOAD_METHOD", "LOAD_SUPER_METHOD", "LOAD_ZERO_SUPER_ATTR",
+        "LOAD_ZERO_SUPER_METHOD", "STORE_FAST_MAYBE_NULL")},
+    # 3.12 interpreter-internal and sys.monitoring instrumentation
+    "INTERPRETER_EXIT": Refusal(_OP, "interpreter-internal", **_V312),
+    "RESERVED": Refusal(_OP, "interpreter-internal", **_V312),
+    **{name: Refusal(_OP, "sys.monitoring instrumentation", **_V312) for name in (
+        "INSTRUMENTED_CALL", "INSTRUMENTED_CALL_FUNCTION_EX", "INSTRUMENTED_END_FOR",
+        "INSTRUMENTED_END_SEND", "INSTRUMENTED_FOR_ITER", "INSTRUMENTED_INSTRUCTION",
+        "INSTRUMENTED_JUMP_BACKWARD", "INSTRUMENTED_JUMP_FORWARD", "INSTRUMENTED_LINE",
+        "INSTRUMENTED_LOAD_SUPER_ATTR", "INSTRUMENTED_POP_JUMP_IF_FALSE",
+        "INSTRUMENTED_POP_JUMP_IF_NONE", "INSTRUMENTED_POP_JUMP_IF_NOT_NONE",
+        "INSTRUMENTED_POP_JUMP_IF_TRUE", "INSTRUMENTED_RESUME", "INSTRUMENTED_RETURN_CONST",
+        "INSTRUMENTED_RETURN_VALUE", "INSTRUMENTED_YIELD_VALUE")},
+}
+
+
+def unsupported_names(version: tuple[int, int] | None = None) -> set[str]:
+    version = version or sys.version_info[:2]
+    return {n for n, r in UNSUPPORTED.items() if r.since <= version <= r.until}
+
+
+def refuse(inst) -> None:
+    r = UNSUPPORTED.get(inst.opname)
+    if r is None:
+        unsupported(f"opcode {inst.opname}", BreakReason.UNSUPPORTED_OPCODE)
+    unsupported(f"{r.note} ({inst.opname})", r.reason)

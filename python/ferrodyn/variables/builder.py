@@ -1,0 +1,187 @@
+"""The one way to make a tracker from a real value: `build(tx, value, source)`.
+
+Owns the type dispatch table (value type -> tracker) and the guards a value needs when the
+trace uses it (the translator calls `build` lazily, when a value reaches the stack, so nothing
+is guarded eagerly): TENSOR_MATCH for tensors (which become lifted graph inputs), TYPE_MATCH +
+EQUALS for constants, NONE for None, ID_MATCH for functions/classes/modules, TYPE_MATCH +
+LENGTH for lists and tuples, TYPE_MATCH + DICT_KEYS for dicts, TYPE_MATCH for objects and
+modules. Trackers built from one Source are cached on the output graph. `build_unsourced`
+wraps values with no Source (torch internals, folded constants): no guards, and tensors are
+refused (they could not be loaded as graph inputs).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import types
+from typing import Any
+
+import torch
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.guard_spec import GuardKind
+from ferrodyn.source import ItemSource, Source
+from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
+from ferrodyn.variables.dicts import DictState, DictVariable
+from ferrodyn.variables.functions import UserFunctionVariable, BoundMethodVariable
+from ferrodyn.variables.lists import ListState, ListVariable, TupleVariable
+from ferrodyn.variables.nn_module import NNModuleVariable
+from ferrodyn.variables.tensor import TensorVariable
+from ferrodyn.variables.torch_fns import TorchFunctionVariable, is_torch_callable
+from ferrodyn.variables.user_objects import (
+    ClassVariable, NamedTupleVariable, PythonModuleVariable, UserObjectVariable,
+    is_namedtuple_class,
+)
+
+_SCALARS = (bool, int, float, str, bytes, complex)
+
+
+def build(tx, value: Any, source: Source | None) -> VariableTracker:
+    if source is None:
+        return build_unsourced(value)
+    cache = tx.output.source_cache
+    hit = cache.get(source)
+    if hit is not None:
+        return hit
+    var = _build(tx, value, source)
+    cache[source] = var
+    return var
+
+
+def _guard(tx, source, kind, payload=None):
+    tx.output.install_guard(source, kind, payload)
+
+
+def _build(tx, value: Any, source: Source) -> VariableTracker:
+    t = type(value)
+    if isinstance(value, torch.Tensor):
+        if t not in (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.Tensor)) and \
+                not isinstance(value, torch.nn.Parameter):
+            unsupported(f"tensor subclass {t.__name__} at {source.name()}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        node, fake = tx.output.add_graph_input(source, value)
+        _guard(tx, source, GuardKind.TENSOR_MATCH, value)
+        return TensorVariable(source=source, node=node, example=fake, cls=t)
+    if value is None:
+        _guard(tx, source, GuardKind.NONE)
+        return ConstantVariable(source=source, value=None)
+    if t in _SCALARS:
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.EQUALS, value)
+        return ConstantVariable(source=source, value=value)
+    if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format):
+        _guard(tx, source, GuardKind.ID_MATCH, value)
+        return ConstantVariable(source=source, value=value)
+    if t is slice and is_constant_value(value):
+        from ferrodyn.source import AttrSource
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        for part in ("start", "stop", "step"):  # slices are unhashable before 3.12
+            build(tx, getattr(value, part), AttrSource(source, part))
+        return ConstantVariable(source=source, value=value)
+    if t in (torch.device, range, torch.Size) and is_constant_value(value):
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.EQUALS, value)
+        return ConstantVariable(source=source, value=value)
+    if t is tuple:
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.LENGTH, len(value))
+        return TupleVariable(source=source, items=_lazy_items(value, source))
+    if t is list:
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.LENGTH, len(value))
+        return ListVariable(source=source, state=ListState(list(_lazy_items(value, source)),
+                                                           existing=True))
+    if is_namedtuple_class(t):
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        return NamedTupleVariable.make(t, _lazy_items(value, source), source=source)
+    if t in (dict, collections.OrderedDict):
+        keys = tuple(value)
+        if not all(is_constant_value(k) for k in keys):
+            unsupported(f"dict with non-constant keys at {source.name()}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.DICT_KEYS, keys)
+        items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
+        return DictVariable(source=source, state=DictState(items, existing=True, cls=t))
+    if isinstance(value, torch.nn.Module):
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        return NNModuleVariable(source=source, value=value)
+    if isinstance(value, types.MethodType):
+        from ferrodyn.source import AttrSource
+        return BoundMethodVariable(source=source,
+                                   func=LazyVariable(source=AttrSource(source, "__func__"),
+                                                     value=value.__func__),
+                                   obj=LazyVariable(source=AttrSource(source, "__self__"),
+                                                    value=value.__self__))
+    var = _build_constant_object(value, source)
+    if var is not None:
+        _guard(tx, source, GuardKind.ID_MATCH, value)
+        return var
+    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins":
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        return UserObjectVariable(source=source, value=value)
+    unsupported(f"value of type {t.__name__} at {source.name()}", BreakReason.UNSUPPORTED_TYPE)
+
+
+def _lazy_items(value, source) -> tuple:
+    return tuple(LazyVariable(source=ItemSource(source, i), value=v) for i, v in enumerate(value))
+
+
+def _build_constant_object(value: Any, source: Source | None) -> VariableTracker | None:
+    """Functions, classes, modules, builtins: objects identified by identity."""
+    if is_builtin_like(value):
+        return BuiltinVariable(source=source, fn=value)
+    if getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):
+        return TorchFunctionVariable(source=source, fn=value)
+    if isinstance(value, types.FunctionType):
+        if is_torch_callable(value) and not _is_torch_user_code(value):
+            return TorchFunctionVariable(source=source, fn=value)
+        return UserFunctionVariable(source=source, fn=value)
+    if isinstance(value, types.ModuleType):
+        return PythonModuleVariable(source=source, value=value)
+    if isinstance(value, type):
+        if is_builtin_like(value) or value.__module__ == "builtins":
+            return BuiltinVariable(source=source, fn=value)
+        if is_torch_callable(value) and not issubclass(value, torch.nn.Module):
+            return TorchFunctionVariable(source=source, fn=value)
+        return ClassVariable(source=source, value=value)
+    if callable(value) and is_torch_callable(value):
+        return TorchFunctionVariable(source=source, fn=value)
+    return None
+
+
+# Python functions inside torch that are user-level code to inline rather than graph ops
+# (they take modules or callables).
+_TORCH_INLINE_MODULES = ("torch.nn.modules.", "torch.utils._contextlib")
+
+
+def _is_torch_user_code(fn: types.FunctionType) -> bool:
+    return fn.__module__.startswith(_TORCH_INLINE_MODULES)
+
+
+def build_unsourced(value: Any) -> VariableTracker:
+    if is_constant_value(value):
+        return ConstantVariable(value=value)
+    if isinstance(value, torch.Tensor):
+        unsupported("a tensor that cannot be reached from the frame (no source)",
+                    BreakReason.UNSUPPORTED_TYPE)
+    if type(value) is tuple:
+        return TupleVariable(items=tuple(build_unsourced(v) for v in value))
+    if type(value) is list:
+        return ListVariable.new(build_unsourced(v) for v in value)
+    if is_namedtuple_class(type(value)):
+        return NamedTupleVariable.make(type(value), [build_unsourced(v) for v in value])
+    var = _build_constant_object(value, None)
+    if var is not None:
+        return var
+    if isinstance(value, types.MethodType):
+        return BoundMethodVariable(func=build_unsourced(value.__func__),
+                                   obj=build_unsourced(value.__self__))
+    if isinstance(value, torch.nn.Module):
+        return NNModuleVariable(value=value)
+    if hasattr(value, "__dict__") and type(value).__module__ != "builtins":
+        return UserObjectVariable(value=value)
+    unsupported(f"value of type {type(value).__name__}", BreakReason.UNSUPPORTED_TYPE)

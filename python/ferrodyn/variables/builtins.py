@@ -1,0 +1,421 @@
+"""Python builtins and pure stdlib functions (`operator`, `math`), dispatched by table.
+
+Owns `BuiltinVariable` (a builtin function or builtin type such as `int`, `list`), the
+`BUILTIN_HANDLERS` table (one small function per builtin: len, isinstance, range, zip, min,
+getattr, super, ...), the allow-list of functions safe to constant-fold, and the table of
+functions that are ignored (`warnings.warn`). Anything not in a table is unsupported.
+Does not own operators between trackers (operators.py), which several entries delegate to.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.variables import operators as ops
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
+from ferrodyn.variables.dicts import DictVariable, dict_key
+from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
+
+
+def _c(v) -> ConstantVariable:
+    return ConstantVariable(value=v)
+
+
+def _consts(tx, args) -> list | None:
+    vals = []
+    for a in args:
+        a = tx.realize(a)
+        if not a.is_python_constant():
+            return None
+        vals.append(a.as_python_constant())
+    return vals
+
+
+def _const_arg(tx, v: VariableTracker, what: str) -> Any:
+    v = tx.realize(v)
+    if not v.is_python_constant():
+        unsupported(f"{what} with a non-constant argument {v.describe()}",
+                    BreakReason.DATA_DEPENDENT)
+    return v.as_python_constant()
+
+
+# ---- handlers (tx, *args, **kwargs) ------------------------------------------------------------
+
+def _len(tx, obj):
+    return _c(tx.realize(obj).length(tx))
+
+
+def _type_of(tx, v: VariableTracker) -> type:
+    return tx.realize(v).python_type()
+
+
+def _isinstance(tx, obj, classinfo):
+    cls = _const_arg(tx, classinfo, "isinstance")
+    try:
+        return _c(issubclass(_type_of(tx, obj), cls))
+    except TypeError as e:
+        unsupported(str(e), BreakReason.EXCEPTION)
+
+
+def _issubclass(tx, cls, classinfo):
+    return _c(fold(issubclass, _const_arg(tx, cls, "issubclass"),
+                   _const_arg(tx, classinfo, "issubclass")))
+
+
+def _range(tx, *args):
+    return _c(fold(range, *[_const_arg(tx, a, "range") for a in args]))
+
+
+def _items(tx, iterable) -> list:
+    return tx.realize(iterable).iterator(tx).unpack(tx)
+
+
+def _enumerate(tx, iterable, start=None):
+    first = 0 if start is None else _const_arg(tx, start, "enumerate")
+    return IteratorVariable.over(TupleVariable(items=(_c(i + first), v))
+                                 for i, v in enumerate(_items(tx, iterable)))
+
+
+def _zip(tx, *iterables, strict=None):
+    seqs = [_items(tx, it) for it in iterables]
+    if strict is not None and _const_arg(tx, strict, "zip") and len({len(s) for s in seqs}) > 1:
+        unsupported("zip(strict=True) length mismatch", BreakReason.EXCEPTION)
+    return IteratorVariable.over(TupleVariable(items=tuple(t)) for t in zip(*seqs))
+
+
+def _reversed(tx, seq):
+    return IteratorVariable.over(list(reversed(tx.realize(seq).unpack(tx))))
+
+
+def _minmax(fn):
+    def handler(tx, *args, key=None, default=None):
+        if key is not None:
+            unsupported(f"{fn.__name__}(key=...)", BreakReason.UNSUPPORTED_BUILTIN)
+        items = _items(tx, args[0]) if len(args) == 1 else list(args)
+        if not items and default is not None:
+            return default
+        vals = _consts(tx, items)
+        if vals is None:
+            unsupported(f"{fn.__name__}() over non-constants", BreakReason.DATA_DEPENDENT)
+        return _c(fold(fn, vals))
+    return handler
+
+
+def _abs(tx, x):
+    return ops.unary_op(tx, operator.abs, x)
+
+
+def _sum(tx, iterable, start=None):
+    acc = _c(0) if start is None else start
+    for item in _items(tx, iterable):
+        acc = ops.binary_op(tx, operator.add, acc, item)
+    return acc
+
+
+def _any(tx, iterable):
+    return _c(any(tx.realize(i).truth(tx) for i in _items(tx, iterable)))
+
+
+def _all(tx, iterable):
+    return _c(all(tx.realize(i).truth(tx) for i in _items(tx, iterable)))
+
+
+def _getattr(tx, obj, name, default=None):
+    attr = _const_arg(tx, name, "getattr")
+    obj = tx.realize(obj)
+    if default is not None and not obj.has_attr(tx, attr):
+        return default
+    return obj.var_getattr(tx, attr)
+
+
+def _hasattr(tx, obj, name):
+    return _c(tx.realize(obj).has_attr(tx, _const_arg(tx, name, "hasattr")))
+
+
+def _setattr(tx, obj, name, value):
+    tx.realize(obj).setattr(tx, _const_arg(tx, name, "setattr"), value)
+    return _c(None)
+
+
+def _type(tx, obj, *rest):
+    if rest:
+        unsupported("type() with 3 arguments", BreakReason.UNSUPPORTED_BUILTIN)
+    from ferrodyn.variables.builder import build_unsourced
+    return build_unsourced(_type_of(tx, obj))
+
+
+def _tuple(tx, iterable=None):
+    return TupleVariable(items=tuple(_items(tx, iterable) if iterable is not None else ()))
+
+
+def _list(tx, iterable=None):
+    return ListVariable.new(_items(tx, iterable) if iterable is not None else [])
+
+
+def _dict(tx, arg=None, **kwargs):
+    d = DictVariable.new({})
+    if arg is not None:
+        from ferrodyn.variables.dicts import _update
+        _update(tx, d, arg)
+    d.state.items.update(kwargs)
+    return d
+
+
+def _scalar(fn):
+    def handler(tx, *args):
+        vals = _consts(tx, args)
+        if vals is None:
+            v = tx.realize(args[0])
+            if fn is bool:
+                return _c(v.truth(tx))
+            const = getattr(v, "const_value", None)
+            if const is not None and const(tx) is not None and len(args) == 1:
+                return _c(fold(fn, const(tx)))
+            unsupported(f"{fn.__name__}() of {v.describe()}", BreakReason.DATA_DEPENDENT)
+        return _c(fold(fn, *vals))
+    return handler
+
+
+def _iter(tx, obj, *rest):
+    if rest:
+        unsupported("iter(callable, sentinel)", BreakReason.UNSUPPORTED_BUILTIN)
+    return tx.realize(obj).iterator(tx)
+
+
+def _next(tx, it, default=None):
+    it = tx.realize(it)
+    if not isinstance(it, IteratorVariable):
+        unsupported(f"next() of {it.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+    item = it.next(tx)
+    if item is None:
+        if default is None:
+            unsupported("StopIteration", BreakReason.EXCEPTION)
+        return default
+    return item
+
+
+def _callable(tx, obj):
+    from ferrodyn.variables.tensor import TensorVariable
+    obj = tx.realize(obj)
+    if obj.is_python_constant():
+        return _c(callable(obj.as_python_constant()))
+    if isinstance(obj, (TensorVariable, ListVariable, TupleVariable, DictVariable)):
+        return _c(False)
+    return _c(callable(getattr(obj, "value", None)) or obj.has_attr(tx, "__call__"))
+
+
+def _sorted(tx, iterable, key=None, reverse=None):
+    lst = ListVariable.new(_items(tx, iterable))
+    from ferrodyn.variables.lists import _sort
+    _sort(tx, lst, key, reverse)
+    return lst
+
+
+def _map(tx, fn, *iterables):
+    fn = tx.realize(fn)
+    seqs = [_items(tx, it) for it in iterables]
+    return IteratorVariable.over(fn.call_function(tx, list(t), {}) for t in zip(*seqs))
+
+
+def _filter(tx, fn, iterable):
+    fn = tx.realize(fn)
+    items = _items(tx, iterable)
+    if fn.is_python_constant() and fn.as_python_constant() is None:
+        return IteratorVariable.over(i for i in items if tx.realize(i).truth(tx))
+    return IteratorVariable.over(
+        i for i in items if tx.realize(fn.call_function(tx, [i], {})).truth(tx))
+
+
+def _super(tx, *args):
+    from ferrodyn.variables.user_objects import SuperVariable
+    if not args:
+        cls, obj = tx.zero_arg_super()
+    else:
+        cls, obj = _const_arg(tx, args[0], "super"), tx.realize(args[1])
+    return SuperVariable(cls=cls, obj=obj)
+
+
+def _slice(tx, *args):
+    return _c(slice(*[_const_arg(tx, a, "slice") for a in args]))
+
+
+def _tuple_new(tx, cls, iterable=None):
+    from ferrodyn.variables.user_objects import NamedTupleVariable, is_namedtuple_class
+    klass = _const_arg(tx, cls, "tuple.__new__")
+    items = _items(tx, iterable) if iterable is not None else []
+    if klass is tuple:
+        return TupleVariable(items=tuple(items))
+    if is_namedtuple_class(klass):
+        return NamedTupleVariable.make(klass, items)
+    unsupported(f"tuple.__new__({klass.__name__})", BreakReason.UNSUPPORTED_BUILTIN)
+
+
+def _unsupported(name, reason):
+    def handler(tx, *args, **kwargs):
+        unsupported(f"{name}()", reason)
+    return handler
+
+
+def _object_setattr(tx, obj, name, value):
+    from ferrodyn.variables.user_objects import NewObjectVariable
+    obj = tx.realize(obj)
+    if not isinstance(obj, NewObjectVariable):
+        unsupported("object.__setattr__ on an object from outside the frame",
+                    BreakReason.SIDE_EFFECT)
+    obj.raw_setattr(tx, _const_arg(tx, name, "object.__setattr__"), value)
+    return _c(None)
+
+
+def _operator_binary(fn):
+    return lambda tx, a, b: ops.binary_op(tx, fn, a, b)
+
+
+def _operator_compare(fn):
+    return lambda tx, a, b: ops.compare_op(tx, fn, a, b)
+
+
+def _noop(tx, *args, **kwargs):
+    return _c(None)
+
+
+BUILTIN_HANDLERS: dict[Any, Callable] = {
+    len: _len, isinstance: _isinstance, issubclass: _issubclass, range: _range,
+    enumerate: _enumerate, zip: _zip, reversed: _reversed, min: _minmax(min),
+    max: _minmax(max), abs: _abs, sum: _sum, any: _any, all: _all, getattr: _getattr,
+    hasattr: _hasattr, setattr: _setattr, type: _type, tuple: _tuple, list: _list,
+    dict: _dict, int: _scalar(int), float: _scalar(float), bool: _scalar(bool),
+    str: _scalar(str), complex: _scalar(complex), round: _scalar(round), iter: _iter,
+    next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
+    super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
+    print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
+    id: _unsupported("id", BreakReason.UNSUPPORTED_BUILTIN),
+    input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
+    open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
+    object.__setattr__: _object_setattr,
+    tuple.__new__: _tuple_new,
+    operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
+    operator.index: _scalar(operator.index),
+    operator.not_: lambda tx, a: _c(not tx.realize(a).truth(tx)),
+    operator.truth: lambda tx, a: _c(tx.realize(a).truth(tx)),
+    operator.is_: lambda tx, a, b: _c(ops.is_same(tx, a, b)),
+    operator.is_not: lambda tx, a, b: _c(not ops.is_same(tx, a, b)),
+    operator.contains: lambda tx, a, b: _c(tx.realize(a).contains(tx, tx.realize(b))),
+    operator.neg: lambda tx, a: ops.unary_op(tx, operator.neg, a),
+    operator.pos: lambda tx, a: ops.unary_op(tx, operator.pos, a),
+    operator.invert: lambda tx, a: ops.unary_op(tx, operator.invert, a),
+    operator.abs: _abs,
+    warnings.warn: _noop,
+}
+for _fn in ops.BINARY_FUNCTIONS:
+    BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
+for _fn in ops.COMPARE_FUNCTIONS:
+    BUILTIN_HANDLERS.setdefault(_fn, _operator_compare(_fn))
+
+# Functions without side effects that are folded when all arguments are constants.
+FOLDABLE: frozenset = frozenset(
+    {v for v in vars(math).values() if callable(v)}
+    | {v for v in vars(operator).values() if callable(v)}
+    | {builtins.divmod, builtins.pow, builtins.chr, builtins.ord, builtins.hash,
+       builtins.bin, builtins.hex, builtins.oct, builtins.ascii}
+)
+
+
+def is_builtin_like(value: Any) -> bool:
+    try:
+        return value in BUILTIN_HANDLERS or value in FOLDABLE
+    except TypeError:
+        return False
+
+
+@dataclass(frozen=True, eq=False)
+class BuiltinVariable(VariableTracker):
+    """A builtin function or type (`len`, `int`, `operator.add`, `math.sqrt`)."""
+
+    fn: Any = None
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def identity(self):
+        return ("obj", id(self.fn))
+
+    def describe(self):
+        return f"builtin {getattr(self.fn, '__name__', self.fn)}"
+
+    def call_function(self, tx, args, kwargs):
+        handler = BUILTIN_HANDLERS.get(self.fn)
+        if handler is not None:
+            try:
+                return handler(tx, *args, **kwargs)
+            except TypeError as e:
+                if "positional argument" in str(e) or "keyword argument" in str(e):
+                    unsupported(f"{self.describe()}: {e}", BreakReason.EXCEPTION)
+                raise
+        if isinstance(self.fn, type) and issubclass(self.fn, BaseException):
+            unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
+        if self.fn in FOLDABLE:
+            vals = _consts(tx, args)
+            kvals = _consts(tx, list(kwargs.values()))
+            if vals is None or kvals is None:
+                unsupported(f"{self.describe()} with non-constant arguments",
+                            BreakReason.UNSUPPORTED_BUILTIN)
+            return wrap_constant(fold(self.fn, *vals, **dict(zip(kwargs, kvals))))
+        unsupported(f"{self.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+
+    def var_getattr(self, tx, name):
+        if isinstance(self.fn, type):
+            if name == "__setattr__" and self.fn is object:
+                return BuiltinVariable(fn=object.__setattr__)
+            attr = getattr(self.fn, name, None)
+            if attr is not None and is_builtin_like(attr):
+                return BuiltinVariable(fn=attr)
+            if name in ("__name__", "__qualname__", "__module__"):
+                return _c(getattr(self.fn, name))
+            if isinstance(attr, (classmethod, staticmethod)) or callable(attr):
+                return _BuiltinTypeMethod(owner=self.fn, name=name)
+        if name in ("__name__", "__qualname__"):
+            return _c(getattr(self.fn, name))
+        unsupported(f"attribute {name!r} of {self.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.fn, name)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        return OutConst(self.fn)
+
+
+@dataclass(frozen=True, eq=False)
+class _BuiltinTypeMethod(VariableTracker):
+    """`dict.fromkeys`, `str.join`, `tuple.__new__`...: folded on constants, else a method of
+    the first argument (`list.append(xs, 1)`)."""
+
+    owner: type = object
+    name: str = ""
+
+    def call_function(self, tx, args, kwargs):
+        vals = _consts(tx, list(args) + list(kwargs.values()))
+        if vals is not None:
+            return wrap_constant(fold(getattr(self.owner, self.name), *vals[:len(args)],
+                                      **dict(zip(kwargs, vals[len(args):]))))
+        if args and issubclass(tx.realize(args[0]).python_type(), self.owner):
+            return tx.realize(args[0]).call_method(tx, self.name, list(args[1:]), kwargs)
+        unsupported(f"{self.owner.__name__}.{self.name}", BreakReason.UNSUPPORTED_BUILTIN)
+
+
+@dataclass(frozen=True, eq=False)
+class NoOpFunction(VariableTracker):
+    name: str = ""
+
+    def call_function(self, tx, args, kwargs):
+        return _c(None)

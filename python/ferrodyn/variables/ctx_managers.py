@@ -1,0 +1,165 @@
+"""Context managers that change torch's global state: `torch.no_grad`, `torch.enable_grad`,
+`torch.set_grad_enabled`, `torch.autocast` / `torch.cpu.amp.autocast`.
+
+Owns recording them into the graph the way TorchDynamo does: entering and leaving become
+`torch._C._set_grad_enabled(mode)` / `torch.amp._enter_autocast(...)` and
+`torch.amp._exit_autocast(ctx)` nodes around the ops, so the backend sees the state changes;
+the same state is also set for real while tracing (fake execution then computes the right
+`requires_grad` and dtypes) and restored by the output graph if the trace is abandoned.
+Does not own the generic `with` protocol (opcodes_control.py calls `__enter__`/`__exit__`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+
+
+def set_grad_mode(tx, mode: bool) -> None:
+    tx.output.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+    torch._C._set_grad_enabled(mode)
+
+
+@dataclass
+class CtxState:
+    prev: Any = None
+    entered: bool = False
+    real: Any = None
+    node: Any = None
+
+
+@dataclass(frozen=True, eq=False)
+class GradModeVariable(VariableTracker):
+    """`torch.no_grad()` (mode False) / `torch.enable_grad()` (True) / `set_grad_enabled(m)`.
+    `eager_set`: set_grad_enabled changes the mode when constructed, not on enter."""
+
+    mode: bool = False
+    eager_set: bool = False
+    state: CtxState = field(default_factory=CtxState)
+
+    @staticmethod
+    def create(tx, mode: bool, eager_set: bool = False) -> "GradModeVariable":
+        var = GradModeVariable(mode=mode, eager_set=eager_set, state=CtxState())
+        if eager_set:
+            var.state.prev = torch.is_grad_enabled()
+            set_grad_mode(tx, mode)
+        return var
+
+    def describe(self):
+        return f"grad mode context ({self.mode})"
+
+    def var_getattr(self, tx, name):
+        if name in ("__enter__", "__exit__"):
+            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+        return super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__":
+            if not self.eager_set:
+                self.state.prev = torch.is_grad_enabled()
+                set_grad_mode(tx, self.mode)
+            self.state.entered = True
+            return ConstantVariable(value=None)
+        if name == "__exit__":
+            set_grad_mode(tx, self.state.prev)
+            return ConstantVariable(value=False)
+        unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_CALL)
+
+    def call_function(self, tx, args, kwargs):
+        unsupported("grad-mode context manager used as a decorator", BreakReason.UNSUPPORTED_CALL)
+
+
+@dataclass(frozen=True, eq=False)
+class AutocastVariable(VariableTracker):
+    """`torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`."""
+
+    args: tuple = ()
+    state: CtxState = field(default_factory=CtxState)
+
+    def describe(self):
+        return f"autocast{self.args}"
+
+    def var_getattr(self, tx, name):
+        if name in ("__enter__", "__exit__"):
+            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+        return super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        st = self.state
+        if name == "__enter__":
+            st.node = tx.output.create_node("call_function", torch.amp._enter_autocast,
+                                            self.args, {})
+            st.real = torch.autocast(*self.args)
+            st.real.__enter__()
+            real = st.real
+            tx.output.restore_on_close(lambda: (not st.entered) or real.__exit__(None, None, None))
+            st.entered = True
+            return ConstantVariable(value=None)
+        if name == "__exit__":
+            tx.output.create_node("call_function", torch.amp._exit_autocast, (st.node,), {})
+            st.real.__exit__(None, None, None)
+            st.entered = False
+            return ConstantVariable(value=False)
+        unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_CALL)
+
+
+def _consts(tx, args, kwargs, what):
+    vals, kvals = [], {}
+    for a in args:
+        a = tx.realize(a)
+        if not a.is_python_constant():
+            unsupported(f"{what} with non-constant arguments", BreakReason.UNSUPPORTED_CALL)
+        vals.append(a.as_python_constant())
+    for k, v in kwargs.items():
+        v = tx.realize(v)
+        if not v.is_python_constant():
+            unsupported(f"{what} with non-constant arguments", BreakReason.UNSUPPORTED_CALL)
+        kvals[k] = v.as_python_constant()
+    return vals, kvals
+
+
+def _autocast(tx, args, kwargs):
+    vals, kvals = _consts(tx, args, kwargs, "torch.autocast")
+    import inspect
+    sig = inspect.signature(torch.amp.autocast.__init__)
+    bound = sig.bind(None, *vals, **kvals)
+    bound.apply_defaults()
+    a = bound.arguments
+    return AutocastVariable(args=(a["device_type"], a["dtype"], a["enabled"], a["cache_enabled"]),
+                            state=CtxState())
+
+
+def _cpu_autocast(tx, args, kwargs):
+    vals, kvals = _consts(tx, args, kwargs, "torch.cpu.amp.autocast")
+    import inspect
+    sig = inspect.signature(torch.cpu.amp.autocast.__init__)
+    bound = sig.bind(None, *vals, **kvals)
+    bound.apply_defaults()
+    a = bound.arguments
+    return AutocastVariable(args=("cpu", a["dtype"], a["enabled"], a["cache_enabled"]),
+                            state=CtxState())
+
+
+def _set_grad_enabled(tx, args, kwargs):
+    vals, kvals = _consts(tx, args, kwargs, "torch.set_grad_enabled")
+    mode = kvals.get("mode", vals[0] if vals else None)
+    return GradModeVariable.create(tx, bool(mode), eager_set=True)
+
+
+CTX_MANAGER_HANDLERS = {
+    torch.no_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, False),
+    torch.enable_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, True),
+    torch.set_grad_enabled: _set_grad_enabled,
+    torch._C._set_grad_enabled: _set_grad_enabled,
+    torch.autocast: _autocast,
+    torch.amp.autocast: _autocast,
+    torch.cpu.amp.autocast: _cpu_autocast,
+}

@@ -1,0 +1,303 @@
+"""Callable trackers for user code: Python functions, functions made in the frame
+(MAKE_FUNCTION: lambdas, nested functions, comprehensions on 3.11, closures), bound methods,
+and closure cells; plus argument binding.
+
+Owns how a call binds arguments to a code object's parameters (positional, keyword, defaults,
+`*args`, `**kwargs`) and hands the body to the translator for inlining; `CellVariable` (a
+closure cell whose contents live in a shared `CellState`). Does not own running the inlined
+body (symbolic/inline.py) or torch functions (torch_fns.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.source import AttrSource, GlobalSource, ItemSource, Source
+from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+
+
+# ---- cells ---------------------------------------------------------------------------------
+
+@dataclass
+class CellState:
+    content: VariableTracker | None = None
+    existing: bool = False  # a cell of a function from outside the frame: read-only
+
+
+@dataclass(frozen=True, eq=False)
+class CellVariable(VariableTracker):
+    state: CellState = field(default_factory=CellState)
+
+    def identity(self):
+        return self.state
+
+    def describe(self):
+        return "cell"
+
+    def load(self, tx, name: str) -> VariableTracker:
+        if self.state.content is None:
+            unsupported(f"free variable {name!r} referenced before assignment",
+                        BreakReason.EXCEPTION)
+        return self.state.content
+
+    def store(self, tx, name: str, value: VariableTracker) -> None:
+        if self.state.existing:
+            unsupported(f"assignment to nonlocal {name!r} of a function from outside the frame",
+                        BreakReason.SIDE_EFFECT)
+        self.state.content = value
+
+
+# ---- binding -------------------------------------------------------------------------------
+
+def bind_args(code: types.CodeType, fname: str, args: list, kwargs: dict,
+              defaults: tuple, kwdefaults: dict) -> dict[str, VariableTracker]:
+    """Map call arguments onto the parameters of `code`, as CPython does (errors give up:
+    eager raises the TypeError)."""
+    from ferrodyn.variables.dicts import DictVariable
+    from ferrodyn.variables.lists import TupleVariable
+
+    def fail(msg):
+        unsupported(f"{fname}() {msg}", BreakReason.EXCEPTION)
+
+    argc, posonly, kwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names, kw_names = names[:argc], names[argc:argc + kwonly]
+    i = argc + kwonly
+    varargs = varkw = None
+    if code.co_flags & inspect.CO_VARARGS:
+        varargs = names[i]
+        i += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        varkw = names[i]
+    bound: dict[str, VariableTracker] = {}
+    for name, value in zip(pos_names, args):
+        bound[name] = value
+    extra = args[argc:]
+    if extra and varargs is None:
+        fail(f"takes {argc} positional arguments but {len(args)} were given")
+    if varargs is not None:
+        bound[varargs] = TupleVariable(items=tuple(extra))
+    spill: dict[str, VariableTracker] = {}
+    for k, v in kwargs.items():
+        if k in pos_names[posonly:] or k in kw_names:
+            if k in bound:
+                fail(f"got multiple values for argument {k!r}")
+            bound[k] = v
+        elif varkw is not None:
+            spill[k] = v
+        else:
+            fail(f"got an unexpected keyword argument {k!r}")
+    first_default = argc - len(defaults)
+    for idx, name in enumerate(pos_names):
+        if name not in bound:
+            if idx >= first_default:
+                bound[name] = defaults[idx - first_default]
+            else:
+                fail(f"missing required argument {name!r}")
+    for name in kw_names:
+        if name not in bound:
+            if name in kwdefaults:
+                bound[name] = kwdefaults[name]
+            else:
+                fail(f"missing required keyword-only argument {name!r}")
+    if varkw is not None:
+        bound[varkw] = DictVariable.new(spill)
+    return bound
+
+
+# ---- functions -----------------------------------------------------------------------------
+
+class InlinableFunction(VariableTracker):
+    """A function whose body the translator inlines. Subclasses say where its pieces are."""
+
+    def code(self) -> types.CodeType:
+        raise NotImplementedError
+
+    def fn_globals(self) -> dict:
+        raise NotImplementedError
+
+    def globals_source(self, tx) -> Callable[[str], Source | None]:
+        raise NotImplementedError
+
+    def defaults(self, tx) -> tuple:
+        raise NotImplementedError
+
+    def kwdefaults(self, tx) -> dict:
+        raise NotImplementedError
+
+    def closure(self, tx) -> tuple:
+        raise NotImplementedError
+
+    def name(self) -> str:
+        return self.code().co_name
+
+    def describe(self):
+        return f"function {self.name()}"
+
+    def call_function(self, tx, args, kwargs):
+        from ferrodyn.symbolic.inline import inline_function
+        bound = bind_args(self.code(), self.name(), list(args), dict(kwargs),
+                          self.defaults(tx), self.kwdefaults(tx))
+        return inline_function(tx, self, bound)
+
+    def python_type(self):
+        return types.FunctionType
+
+    def has_attr(self, tx, name):
+        return name in ("__name__", "__qualname__", "__code__", "__module__", "__doc__")
+
+
+@dataclass(frozen=True, eq=False)
+class UserFunctionVariable(InlinableFunction):
+    """A real Python function object (read from globals, attributes, closures...)."""
+
+    fn: types.FunctionType = None  # type: ignore[assignment]
+
+    def code(self):
+        return self.fn.__code__
+
+    def identity(self):
+        return ("obj", id(self.fn))
+
+    def as_python_constant(self):
+        return self.fn
+
+    def fn_globals(self):
+        return self.fn.__globals__
+
+    def globals_source(self, tx):
+        if self.fn.__globals__ is tx.output.f_globals:
+            return GlobalSource
+        if self.source is not None:
+            base = AttrSource(self.source, "__globals__")
+            return lambda name: ItemSource(base, name)
+        return lambda name: None
+
+    def _sub(self, attr: str) -> Source | None:
+        return AttrSource(self.source, attr) if self.source is not None else None
+
+    def defaults(self, tx):
+        vals = self.fn.__defaults__ or ()
+        base = self._sub("__defaults__")
+        return tuple(_lazy(v, ItemSource(base, i) if base else None) for i, v in enumerate(vals))
+
+    def kwdefaults(self, tx):
+        vals = self.fn.__kwdefaults__ or {}
+        base = self._sub("__kwdefaults__")
+        return {k: _lazy(v, ItemSource(base, k) if base else None) for k, v in vals.items()}
+
+    def closure(self, tx):
+        cells = self.fn.__closure__ or ()
+        base = self._sub("__closure__")
+        out = []
+        for i, cell in enumerate(cells):
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                out.append(CellVariable(state=CellState(None, existing=True)))
+                continue
+            src = AttrSource(ItemSource(base, i), "cell_contents") if base else None
+            out.append(CellVariable(state=CellState(_lazy(value, src), existing=True)))
+        return tuple(out)
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(value=getattr(self.fn, name))
+        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
+            return _lazy(self.fn.__wrapped__, self._sub("__wrapped__"))
+        return super().var_getattr(tx, name)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        if self.source is None:
+            return OutConst(self.fn)
+        return super().reconstruct(tx)
+
+
+def _lazy(value: Any, source: Source | None) -> VariableTracker:
+    if source is None:
+        from ferrodyn.variables.builder import build_unsourced
+        return build_unsourced(value)
+    return LazyVariable(source=source, value=value)
+
+
+@dataclass(frozen=True, eq=False)
+class NestedFunctionVariable(InlinableFunction):
+    """A function made by MAKE_FUNCTION while tracing (lambda, nested def, comprehension)."""
+
+    fcode: types.CodeType = None  # type: ignore[assignment]
+    globals_dict: dict = None  # type: ignore[assignment]
+    globals_resolver: Callable = None  # type: ignore[assignment]
+    fdefaults: tuple = ()
+    fkwdefaults: dict = field(default_factory=dict)
+    fclosure: tuple = ()
+
+    def code(self):
+        return self.fcode
+
+    def fn_globals(self):
+        return self.globals_dict
+
+    def globals_source(self, tx):
+        return self.globals_resolver
+
+    def defaults(self, tx):
+        return self.fdefaults
+
+    def kwdefaults(self, tx):
+        return self.fkwdefaults
+
+    def closure(self, tx):
+        return self.fclosure
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(value=getattr(self.fcode, "co_" + name.strip("_")))
+        return super().var_getattr(tx, name)
+
+
+# ---- methods -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class MethodOf(VariableTracker):
+    """Placeholder function of a builtin-container method: the call goes to
+    `obj.call_method(name, ...)`."""
+
+    name: str = ""
+
+    def describe(self):
+        return f"method {self.name}"
+
+
+@dataclass(frozen=True, eq=False)
+class BoundMethodVariable(VariableTracker):
+    func: VariableTracker = None  # type: ignore[assignment]
+    obj: VariableTracker = None  # type: ignore[assignment]
+
+    def describe(self):
+        return f"bound {self.func.describe()}"
+
+    def python_type(self):
+        return types.MethodType
+
+    def call_function(self, tx, args, kwargs):
+        if isinstance(self.func, MethodOf):
+            return self.obj.call_method(tx, self.func.name, list(args), dict(kwargs))
+        return tx.realize(self.func).call_function(tx, [self.obj, *args], kwargs)
+
+    def var_getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__func__" and not isinstance(self.func, MethodOf):
+            return self.func
+        if name in ("__name__", "__qualname__") and isinstance(self.func, InlinableFunction):
+            return self.func.var_getattr(tx, name)
+        return super().var_getattr(tx, name)
+
+    def has_attr(self, tx, name):
+        return name in ("__self__", "__func__", "__name__")

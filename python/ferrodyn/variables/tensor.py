@@ -1,0 +1,275 @@
+"""Tensor trackers and the one place where a tensor operation becomes an fx node.
+
+Owns `TensorVariable` (an fx node plus its fake example value), `record_op` (convert tracker
+arguments to fx arguments, run the op on fake tensors, add the node, wrap the result), the
+table of tensor attributes (constant metadata vs graph attributes vs refused) and the table of
+tensor methods the graph cannot express. Does not own which torch functions are called how
+(torch_fns.py) or Python operators (operators.py).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    UnsupportedOperatorException,
+)
+
+from ferrodyn.exc import BreakReason, Unsupported
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
+
+# Tensor attributes that are metadata: with static shapes they are constants of the trace,
+# guarded by the tensor's TENSOR_MATCH guard.
+CONST_ATTRS = frozenset({
+    "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_leaf",
+    "layout", "is_sparse", "is_quantized", "is_meta", "is_nested", "is_mkldnn", "itemsize",
+    "nbytes", "is_mps", "is_xpu",
+})
+# Attributes computed from the data: graph nodes (`getattr(x, "T")`).
+GRAPH_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+# Attributes the trace cannot model (autograd state, storage, versions).
+REFUSED_ATTRS = {
+    "grad": BreakReason.SIDE_EFFECT, "data": BreakReason.SIDE_EFFECT,
+    "_version": BreakReason.SIDE_EFFECT, "grad_fn": BreakReason.UNSUPPORTED_TYPE,
+    "_base": BreakReason.UNSUPPORTED_TYPE,
+}
+# Methods whose result depends on tensor data or that act outside the graph.
+REFUSED_METHODS = {
+    "item": BreakReason.DATA_DEPENDENT, "tolist": BreakReason.DATA_DEPENDENT,
+    "numpy": BreakReason.DATA_DEPENDENT, "__bool__": BreakReason.DATA_DEPENDENT,
+    "__int__": BreakReason.DATA_DEPENDENT, "__float__": BreakReason.DATA_DEPENDENT,
+    "__index__": BreakReason.DATA_DEPENDENT, "data_ptr": BreakReason.DATA_DEPENDENT,
+    "backward": BreakReason.SIDE_EFFECT, "register_hook": BreakReason.SIDE_EFFECT,
+    "retain_grad": BreakReason.SIDE_EFFECT, "requires_grad_": BreakReason.SIDE_EFFECT,
+    "storage": BreakReason.UNSUPPORTED_TYPE, "untyped_storage": BreakReason.UNSUPPORTED_TYPE,
+    "set_": BreakReason.SIDE_EFFECT, "share_memory_": BreakReason.SIDE_EFFECT,
+    "apply_": BreakReason.UNSUPPORTED_CALL, "map_": BreakReason.UNSUPPORTED_CALL,
+    "register_post_accumulate_grad_hook": BreakReason.SIDE_EFFECT,
+    "__setstate__": BreakReason.SIDE_EFFECT, "__reduce_ex__": BreakReason.UNSUPPORTED_CALL,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class TensorVariable(VariableTracker):
+    node: torch.fx.Node = None  # type: ignore[assignment]
+    example: Any = None
+    cls: type = torch.Tensor
+    # For tensors made by a factory from constants (`torch.tensor(3.0)`): the real value,
+    # valid until any in-place op is recorded (epoch), so `.item()` can fold.
+    const: Any = None
+    const_epoch: int = -1
+
+    def const_value(self, tx) -> Any:
+        if self.const is not None and self.const_epoch == tx.output.mutation_epoch:
+            return self.const
+        return None
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def identity(self) -> Any:
+        return self.node
+
+    def describe(self) -> str:
+        return f"tensor {self.node.name}"
+
+    def var_getattr(self, tx, name):
+        if name in CONST_ATTRS:
+            return ConstantVariable(value=getattr(self.example, name))
+        if name in GRAPH_ATTRS:
+            return record_op(tx, "call_function", getattr, [self, ConstantVariable(value=name)], {})
+        if name in REFUSED_ATTRS:
+            unsupported(f"tensor attribute .{name}", REFUSED_ATTRS[name])
+        if callable(getattr(torch.Tensor, name, None)):
+            return TensorMethodVariable(tensor=self, name=name)
+        unsupported(f"tensor attribute .{name}", BreakReason.UNSUPPORTED_TYPE)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.example, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return call_tensor_method(tx, self, name, args, kwargs)
+
+    def truth(self, tx):
+        const = self.const_value(tx)
+        if const is not None:
+            return bool(const)
+        unsupported(f"truth value of {self.describe()}", BreakReason.DATA_DEPENDENT)
+
+    def length(self, tx):
+        if self.example.dim() == 0:
+            unsupported("len() of a 0-d tensor", BreakReason.EXCEPTION)
+        return int(self.example.shape[0])
+
+    def unpack(self, tx):
+        return [self.getitem(tx, ConstantVariable(value=i)) for i in range(self.length(tx))]
+
+    def getitem(self, tx, index):
+        return record_op(tx, "call_function", operator.getitem, [self, index], {})
+
+    def setitem(self, tx, index, value):
+        record_op(tx, "call_function", operator.setitem, [self, index, value], {})
+
+    def contains(self, tx, item):
+        unsupported("`in` on a tensor", BreakReason.DATA_DEPENDENT)
+
+    def setattr(self, tx, name, value):
+        unsupported(f"setting tensor attribute .{name}", BreakReason.SIDE_EFFECT)
+
+    def fx_arg(self, tx):
+        return self.node, self.example
+
+    def reconstruct(self, tx):
+        return tx.graph_output(self.node)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorMethodVariable(VariableTracker):
+    """`x.name` for a tensor method, before the call."""
+
+    tensor: TensorVariable = None  # type: ignore[assignment]
+    name: str = ""
+
+    def describe(self) -> str:
+        return f"tensor method .{self.name}"
+
+    def call_function(self, tx, args, kwargs):
+        return call_tensor_method(tx, self.tensor, self.name, args, kwargs)
+
+
+_CONST_FOLDABLE_METHODS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__",
+                                     "__index__"})
+CONST_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.full,
+                             torch.zeros, torch.ones, torch.arange, torch.linspace, torch.eye})
+
+
+def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> VariableTracker:
+    const = tensor.const_value(tx)
+    if const is not None and name in _CONST_FOLDABLE_METHODS and not args and not kwargs:
+        from ferrodyn.variables.constant import fold, wrap_constant
+        return wrap_constant(fold(getattr(const, name)))
+    if name in REFUSED_METHODS:
+        unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
+    return record_op(tx, "call_method", name, [tensor, *args], kwargs)
+
+
+# ---- recording ------------------------------------------------------------------------------
+
+def fx_args(tx, args, kwargs):
+    pa, ea, pk, ek = [], [], {}, {}
+    for a in args:
+        p, e = tx.realize(a).fx_arg(tx)
+        pa.append(p)
+        ea.append(e)
+    for k, v in kwargs.items():
+        p, e = tx.realize(v).fx_arg(tx)
+        pk[k] = p
+        ek[k] = e
+    return pa, ea, pk, ek
+
+
+def _target_name(kind: str, target: Any) -> str:
+    if kind == "call_method":
+        return f"Tensor.{target}"
+    mod = getattr(target, "__module__", None) or ""
+    return f"{mod}.{getattr(target, '__name__', target)}" if mod else str(target)
+
+
+def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
+    """Add `target(*args, **kwargs)` to the graph (`kind`: call_function / call_method) after
+    running it on fake tensors; non-tensor results become constants (the node is dropped)."""
+    pa, ea, pk, ek = fx_args(tx, args, kwargs)
+
+    def run():
+        if kind == "call_method":
+            return getattr(ea[0], target)(*ea[1:], **ek)
+        return target(*ea, **ek)
+
+    name = _target_name(kind, target)
+    try:
+        example = tx.output.run_fake(run)
+    except Unsupported:
+        raise
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        unsupported(f"{name}: {type(e).__name__}", BreakReason.DATA_DEPENDENT)
+    except UnsupportedOperatorException as e:
+        unsupported(f"{name}: operator without a fake implementation ({e})",
+                    BreakReason.UNSUPPORTED_CALL)
+    except Exception as e:
+        if "data-dependent" in str(e) or "data dependent" in str(e):
+            unsupported(f"{name}: {e}", BreakReason.DATA_DEPENDENT)
+        unsupported(f"{name} raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
+    node = tx.output.create_node(kind, target, tuple(pa), pk)
+    if _is_inplace(kind, target) or "out" in ek or ek.get("inplace") is True:
+        tx.output.mutation_epoch += 1
+    result = wrap_graph_value(tx, node, example, name)
+    if kind == "call_function" and target in CONST_FACTORIES and \
+            isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]):
+        try:
+            real = target(*ea, **ek)
+        except Exception:
+            return result
+        return TensorVariable(node=result.node, example=result.example, cls=result.cls,
+                              const=real, const_epoch=tx.output.mutation_epoch)
+    return result
+
+
+_INPLACE_OPERATORS = frozenset({
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul, operator.ilshift,
+    operator.irshift, operator.iand, operator.ior, operator.ixor,
+})
+
+
+def _is_inplace(kind: str, target: Any) -> bool:
+    if kind == "call_method":
+        return target.endswith("_") and not target.endswith("__")
+    if target in _INPLACE_OPERATORS:
+        return True
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _contains_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_contains_tensor(v) for v in value)
+    return False
+
+
+def wrap_graph_value(tx, node: torch.fx.Node, example: Any, name: str = "op") -> VariableTracker:
+    if isinstance(example, torch.Tensor):
+        node.meta["example_value"] = example
+        return TensorVariable(node=node, example=example, cls=torch.Tensor)
+    if isinstance(example, (tuple, list)) and _contains_tensor(example):
+        node.meta["example_value"] = example
+        items = []
+        for i, v in enumerate(example):
+            if _contains_tensor(v):
+                item_node = tx.output.create_node("call_function", operator.getitem, (node, i), {})
+                items.append(wrap_graph_value(tx, item_node, v, name))
+            elif is_constant_value(v):
+                items.append(ConstantVariable(value=v))
+            else:
+                unsupported(f"{name} returned a {type(v).__name__}", BreakReason.UNSUPPORTED_TYPE)
+        from ferrodyn.variables.lists import ListVariable, TupleVariable
+        from ferrodyn.variables.user_objects import NamedTupleVariable
+        if type(example) is list:
+            return ListVariable.new(items)
+        if type(example) is tuple:
+            return TupleVariable(items=tuple(items))
+        return NamedTupleVariable.make(type(example), items)
+    if example is None:
+        return ConstantVariable(value=None)  # keep the node: it ran for its effect
+    if is_constant_value(example):
+        if not node.users:
+            tx.output.graph.erase_node(node)
+        return ConstantVariable(value=example)
+    unsupported(f"{name} returned a {type(example).__name__}", BreakReason.UNSUPPORTED_TYPE)

@@ -1,0 +1,182 @@
+"""torch.* and torch.nn.functional.* callables (functions, torch classes, ops).
+
+Owns `TorchFunctionVariable` and its dispatch: a table of functions with trace-time meaning
+(grad-mode queries, `torch.jit.is_scripting`, `has_torch_function`, `torch.Size`, context
+managers...), a table of refused functions (RNG seeding, autograd entry points), and the
+default: record the call as one `call_function` node, with fake execution deciding result
+types (so `F.multi_head_attention_forward` or `F.batch_norm` are one node each). Torch's
+Python functions are not inlined: their fake execution is the trace.
+Does not own tensor methods (tensor.py) or grad/autocast contexts (ctx_managers.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
+from ferrodyn.variables.ctx_managers import CTX_MANAGER_HANDLERS
+from ferrodyn.variables.tensor import TensorVariable, record_op
+
+
+def _c(v):
+    return ConstantVariable(value=v)
+
+
+def _fold_consts(tx, fn, args, kwargs):
+    vals = [tx.realize(a) for a in args]
+    kvals = {k: tx.realize(v) for k, v in kwargs.items()}
+    if not all(v.is_python_constant() for v in [*vals, *kvals.values()]):
+        unsupported(f"{fn.__name__} with non-constant arguments", BreakReason.UNSUPPORTED_CALL)
+    return wrap_constant(fold(fn, *[v.as_python_constant() for v in vals],
+                              **{k: v.as_python_constant() for k, v in kvals.items()}))
+
+
+def _has_torch_function(tx, args, kwargs):
+    def plain(v):
+        v = tx.realize(v)
+        if isinstance(v, TensorVariable):
+            return v.cls in (torch.Tensor, torch.nn.Parameter)
+        if v.is_python_constant():
+            return True
+        try:
+            return all(plain(i) for i in v.unpack(tx))
+        except Exception:
+            return False
+    if all(plain(a) for a in args):
+        return _c(False)
+    unsupported("has_torch_function on tensor subclasses", BreakReason.UNSUPPORTED_TYPE)
+
+
+def _assert(tx, args, kwargs):
+    cond = tx.realize(args[0])
+    if cond.is_python_constant() and cond.as_python_constant():
+        return _c(None)
+    if isinstance(cond, TensorVariable):
+        return record_op(tx, "call_function", torch._assert, args, kwargs)
+    unsupported("torch._assert failed at trace time", BreakReason.EXCEPTION)
+
+
+def _ctx_clone(tx, args, kwargs):
+    """`ctx.clone()` of a grad-mode decorator instance (`@torch.no_grad()` wrappers call it to
+    make a fresh context per call)."""
+    from ferrodyn.variables.ctx_managers import GradModeVariable
+    value = getattr(tx.realize(args[0]), "value", None)
+    if type(value) is torch.no_grad:
+        return GradModeVariable.create(tx, False)
+    if type(value) is torch.enable_grad:
+        return GradModeVariable.create(tx, True)
+    if type(value) is torch.set_grad_enabled:
+        return GradModeVariable.create(tx, bool(value.mode), eager_set=True)
+    unsupported(f"clone of context manager {type(value).__name__}", BreakReason.UNSUPPORTED_CALL)
+
+
+def _const_result(value):
+    return lambda tx, args, kwargs: _c(value)
+
+
+def _fold(fn):
+    return lambda tx, args, kwargs: _fold_consts(tx, fn, args, kwargs)
+
+
+def _refuse(reason: BreakReason):
+    def handler(tx, args, kwargs):
+        unsupported("this torch function", reason)
+    return handler
+
+
+TORCH_HANDLERS: dict[Any, Callable] = {
+    **CTX_MANAGER_HANDLERS,
+    torch.is_grad_enabled: _fold(torch.is_grad_enabled),
+    torch.is_autocast_enabled: _fold(torch.is_autocast_enabled),
+    torch.get_default_dtype: _fold(torch.get_default_dtype),
+    torch.is_inference_mode_enabled: _fold(torch.is_inference_mode_enabled),
+    torch.overrides.has_torch_function: _has_torch_function,
+    torch.overrides.has_torch_function_unary: _has_torch_function,
+    torch.overrides.has_torch_function_variadic: _has_torch_function,
+    torch._C._has_torch_function: _has_torch_function,
+    torch._C._has_torch_function_unary: _has_torch_function,
+    torch._C._has_torch_function_variadic: _has_torch_function,
+    torch.jit.is_scripting: _const_result(False),
+    torch.jit.is_tracing: _const_result(False),
+    torch._C._get_tracing_state: _const_result(None),
+    torch.compiler.is_compiling: _const_result(True),
+    torch.compiler.is_dynamo_compiling: _const_result(True),
+    torch._assert: _assert,
+    torch.utils._contextlib._DecoratorContextManager.clone: _ctx_clone,
+    torch.set_grad_enabled.clone: _ctx_clone,
+    torch.Size: _fold(torch.Size),
+    torch.device: _fold(torch.device),
+    torch.finfo: _fold(torch.finfo),
+    torch.iinfo: _fold(torch.iinfo),
+    torch.manual_seed: _refuse(BreakReason.SIDE_EFFECT),
+    torch.seed: _refuse(BreakReason.SIDE_EFFECT),
+    torch.set_rng_state: _refuse(BreakReason.SIDE_EFFECT),
+    torch.get_rng_state: _refuse(BreakReason.SIDE_EFFECT),
+    torch.inference_mode: _refuse(BreakReason.UNSUPPORTED_CALL),
+    torch.autograd.grad: _refuse(BreakReason.UNSUPPORTED_CALL),
+    torch.autograd.backward: _refuse(BreakReason.UNSUPPORTED_CALL),
+    torch.nn.Parameter: _refuse(BreakReason.UNSUPPORTED_CALL),
+    torch.set_default_dtype: _refuse(BreakReason.SIDE_EFFECT),
+    torch.use_deterministic_algorithms: _refuse(BreakReason.SIDE_EFFECT),
+}
+for _name in ("is_dynamo_compiling", "is_compiling"):
+    _f = getattr(torch._dynamo, _name, None) if hasattr(torch, "_dynamo") else None
+    if _f is not None:
+        TORCH_HANDLERS[_f] = _const_result(True)
+
+
+def is_torch_callable(value: Any) -> bool:
+    if value in TORCH_HANDLERS:
+        return True
+    if isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        return True
+    mod = getattr(value, "__module__", None)
+    if not isinstance(mod, str):
+        return False
+    return mod == "torch" or mod.startswith("torch.")
+
+
+@dataclass(frozen=True, eq=False)
+class TorchFunctionVariable(VariableTracker):
+    fn: Any = None
+
+    def as_python_constant(self):
+        return self.fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def identity(self):
+        return ("obj", id(self.fn))
+
+    def describe(self):
+        return f"torch function {getattr(self.fn, '__qualname__', self.fn)}"
+
+    def call_function(self, tx, args, kwargs):
+        handler = TORCH_HANDLERS.get(self.fn)
+        if handler is not None:
+            return handler(tx, list(args), dict(kwargs))
+        if isinstance(self.fn, type) and issubclass(self.fn, torch.nn.Module):
+            unsupported(f"creating {self.fn.__name__} inside the traced code",
+                        BreakReason.UNSUPPORTED_CALL)
+        return record_op(tx, "call_function", self.fn, args, kwargs)
+
+    def var_getattr(self, tx, name):
+        try:
+            value = getattr(self.fn, name)
+        except AttributeError as e:
+            unsupported(str(e), BreakReason.EXCEPTION)
+        from ferrodyn.variables.builder import build_unsourced
+        return build_unsourced(value)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.fn, name)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        return OutConst(self.fn)

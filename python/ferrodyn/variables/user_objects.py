@@ -1,0 +1,452 @@
+"""Trackers for instances and classes of user code: objects from the frame, objects created
+while tracing (user classes, dataclasses), namedtuples (and torch's structseq results),
+classes, `super()`, and Python modules.
+
+Owns generic attribute lookup as CPython does it (data descriptors and properties on the type,
+then the instance `__dict__`, then methods / class attributes), with Sources that read the
+instance dict directly (`DictOf(obj)['name']`), and dataclass / namedtuple reconstruction.
+Does not own nn.Module specifics (nn_module.py) or the builtin types (builtins.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
+from ferrodyn.trace_result import OutCall, OutTuple
+from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.lists import TupleVariable
+
+_ABSENT = object()
+
+
+def lookup_class_attr(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _ABSENT
+
+
+def _sub(source: Source | None, make) -> Source | None:
+    return make(source) if source is not None else None
+
+
+def _lazy(value, source):
+    from ferrodyn.variables.functions import _lazy as lazy
+    return lazy(value, source)
+
+
+def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr: Any,
+                       self_tracker: VariableTracker | None) -> VariableTracker:
+    """A class attribute seen through an instance (`self_tracker`) or through the class."""
+    from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
+    src = _sub(cls_source, lambda s: AttrSource(s, name))
+    if isinstance(attr, staticmethod):
+        return _lazy(attr.__func__, src)
+    if isinstance(attr, classmethod):
+        fn = _lazy(attr.__func__, _sub(src, lambda s: AttrSource(s, "__func__")))
+        return BoundMethodVariable(func=fn, obj=ClassVariable(source=cls_source, value=cls))
+    if isinstance(attr, types.FunctionType) and self_tracker is not None:
+        return BoundMethodVariable(func=_lazy(attr, src), obj=self_tracker)
+    if isinstance(attr, property) and self_tracker is not None:
+        if attr.fget is None:
+            unsupported(f"unreadable property {name!r}", BreakReason.EXCEPTION)
+        fget = _lazy(attr.fget, _sub(src, lambda s: AttrSource(s, "fget")))
+        return tx.realize(fget).call_function(tx, [self_tracker], {})
+    if isinstance(attr, types.FunctionType):
+        return _lazy(attr, src)
+    return _lazy(getattr(cls, name), src)
+
+
+class ObjectLike(VariableTracker):
+    """Shared attribute lookup of objects whose attributes live in a `__dict__`."""
+
+    def obj_type(self) -> type:
+        raise NotImplementedError
+
+    def instance_attr(self, tx, name: str) -> VariableTracker | None:
+        raise NotImplementedError
+
+    def fallback_attr(self, tx, name: str) -> VariableTracker | None:
+        return None
+
+    def type_source(self) -> Source | None:
+        return _sub(self.source, TypeSource)
+
+    def python_type(self):
+        return self.obj_type()
+
+    def var_getattr(self, tx, name):
+        cls = self.obj_type()
+        if name == "__class__":
+            return ClassVariable(source=self.type_source(), value=cls)
+        attr = lookup_class_attr(cls, name)
+        is_data_descr = attr is not _ABSENT and (
+            isinstance(attr, property) or hasattr(type(attr), "__set__"))
+        if is_data_descr and not isinstance(attr, property):
+            return self.descriptor_attr(tx, name)
+        if attr is _ABSENT or not is_data_descr:
+            inst = self.instance_attr(tx, name)
+            if inst is not None:
+                return inst
+        if attr is not _ABSENT:
+            return class_attr_tracker(tx, cls, self.type_source(), name, attr, self)
+        fb = self.fallback_attr(tx, name)
+        if fb is not None:
+            return fb
+        if lookup_class_attr(cls, "__getattr__") is not _ABSENT:
+            unsupported(f"{cls.__name__}.__getattr__({name!r})", BreakReason.UNSUPPORTED_CALL)
+        unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}",
+                    BreakReason.EXCEPTION)
+
+    def descriptor_attr(self, tx, name):
+        unsupported(f"descriptor attribute {name!r}", BreakReason.UNSUPPORTED_TYPE)
+
+    def has_attr(self, tx, name):
+        if lookup_class_attr(self.obj_type(), name) is not _ABSENT:
+            return True
+        return self.instance_attr(tx, name) is not None or self.fallback_attr(tx, name) is not None
+
+    def _dunder(self, tx, name):
+        attr = lookup_class_attr(self.obj_type(), name)
+        if attr is _ABSENT or attr is getattr(object, name, _ABSENT):
+            return None
+        return class_attr_tracker(tx, self.obj_type(), self.type_source(), name, attr, self)
+
+    def call_function(self, tx, args, kwargs):
+        call = self._dunder(tx, "__call__")
+        if call is None:
+            unsupported(f"call of {self.describe()}", BreakReason.UNSUPPORTED_CALL)
+        return tx.realize(call).call_function(tx, args, kwargs)
+
+    def iterator(self, tx):
+        it = self._dunder(tx, "__iter__")
+        if it is None:
+            unsupported(f"iteration over {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+        return tx.realize(tx.realize(it).call_function(tx, [], {})).iterator(tx)
+
+    def unpack(self, tx):
+        return self.iterator(tx).unpack(tx)
+
+    def length(self, tx):
+        fn = self._dunder(tx, "__len__")
+        if fn is None:
+            unsupported(f"len() of {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+        res = tx.realize(tx.realize(fn).call_function(tx, [], {}))
+        return res.as_python_constant()
+
+    def truth(self, tx):
+        fn = self._dunder(tx, "__bool__")
+        if fn is not None:
+            return tx.realize(tx.realize(fn).call_function(tx, [], {})).truth(tx)
+        if self._dunder(tx, "__len__") is not None:
+            return self.length(tx) > 0
+        return True
+
+    def getitem(self, tx, index):
+        fn = self._dunder(tx, "__getitem__")
+        if fn is None:
+            unsupported(f"indexing {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+        return tx.realize(fn).call_function(tx, [index], {})
+
+    def contains(self, tx, item):
+        fn = self._dunder(tx, "__contains__")
+        if fn is not None:
+            return tx.realize(tx.realize(fn).call_function(tx, [item], {})).truth(tx)
+        return super().contains(tx, item)
+
+
+@dataclass(frozen=True, eq=False)
+class UserObjectVariable(ObjectLike):
+    """An object from outside the frame: attributes readable (guarded on use), not writable."""
+
+    value: Any = None
+
+    def obj_type(self):
+        return type(self.value)
+
+    def identity(self):
+        return ("obj", id(self.value))
+
+    def describe(self):
+        return f"{type(self.value).__name__} object"
+
+    def instance_attr(self, tx, name):
+        d = getattr(self.value, "__dict__", None)
+        if isinstance(d, dict) and name in d:
+            return _lazy(d[name], _sub(self.source, lambda s: ItemSource(DictOfSource(s), name)))
+        return None
+
+    def descriptor_attr(self, tx, name):
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as e:
+            unsupported(str(e), BreakReason.EXCEPTION)
+        return _lazy(value, _sub(self.source, lambda s: AttrSource(s, name)))
+
+
+@dataclass
+class ObjState:
+    attrs: dict
+
+
+@dataclass(frozen=True, eq=False)
+class NewObjectVariable(ObjectLike):
+    """An instance of a user class created while tracing; its attributes are trackers."""
+
+    cls: type = object
+    state: ObjState = field(default_factory=lambda: ObjState({}))
+
+    def obj_type(self):
+        return self.cls
+
+    def type_source(self):
+        return None
+
+    def identity(self):
+        return self.state
+
+    def describe(self):
+        return f"new {self.cls.__name__} object"
+
+    def instance_attr(self, tx, name):
+        return self.state.attrs.get(name)
+
+    def setattr(self, tx, name, value):
+        if lookup_class_attr(self.cls, "__setattr__") is not object.__setattr__:
+            unsupported(f"{self.cls.__name__}.__setattr__", BreakReason.UNSUPPORTED_CALL)
+        self.raw_setattr(tx, name, value)
+
+    def raw_setattr(self, tx, name, value):
+        attr = lookup_class_attr(self.cls, name)
+        if attr is not _ABSENT and hasattr(type(attr), "__set__"):
+            unsupported(f"assignment through descriptor {name!r}", BreakReason.UNSUPPORTED_TYPE)
+        self.state.attrs[name] = value
+
+    def reconstruct(self, tx):
+        """Rebuilt without running `__init__` again (its effects were traced): a new instance
+        gets the traced attributes. Only for classes with a plain `__dict__`."""
+        from ferrodyn.trace_result import OutConst
+        if "__slots__" in vars(self.cls) or lookup_class_attr(self.cls, "__new__") not in \
+                (object.__new__, _ABSENT):
+            unsupported(f"returning a {self.cls.__name__} object created in the frame",
+                        BreakReason.UNSUPPORTED_TYPE)
+        names = tuple(self.state.attrs)
+        values = tuple(tx.realize(self.state.attrs[n]).reconstruct(tx) for n in names)
+        return OutCall(rebuild_object, (OutConst(self.cls), OutConst(names), OutTuple(values)))
+
+
+def rebuild_object(cls: type, names: tuple, values: tuple) -> Any:
+    """An instance of `cls` with the given attributes, made without calling `__init__`
+    (used by generated entry functions to return objects created in a traced frame)."""
+    obj = object.__new__(cls)
+    for name, value in zip(names, values):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+@dataclass(frozen=True, eq=False)
+class NamedTupleVariable(TupleVariable):
+    """A namedtuple, or one of torch's structseq results (`torch.return_types.max`)."""
+
+    cls: type = tuple
+    structseq: bool = False
+
+    @staticmethod
+    def make(cls: type, items, source: Source | None = None) -> "NamedTupleVariable":
+        return NamedTupleVariable(source=source, items=tuple(items), cls=cls,
+                                  structseq=not hasattr(cls, "_fields"))
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"{self.cls.__name__} tuple"
+
+    def _fields(self) -> tuple:
+        if hasattr(self.cls, "_fields"):
+            return tuple(self.cls._fields)
+        return tuple(getattr(self.cls, "__match_args__", ()))
+
+    def var_getattr(self, tx, name):
+        fields = self._fields()
+        if name in fields:
+            return self.items[fields.index(name)]
+        attr = lookup_class_attr(self.cls, name)
+        if attr is not _ABSENT and not isinstance(attr, types.MemberDescriptorType):
+            return class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr,
+                                      self)
+        return super().var_getattr(tx, name)
+
+    def has_attr(self, tx, name):
+        return name in self._fields() or hasattr(self.cls, name)
+
+    def getitem(self, tx, index):
+        got = super().getitem(tx, index)
+        return got
+
+    def as_python_constant(self):
+        vals = TupleVariable(items=self.items).as_python_constant()
+        return self.cls(vals) if self.structseq else self.cls(*vals)
+
+    def fx_arg(self, tx):
+        p, e = super().fx_arg(tx)
+        return p, (self.cls(e) if self.structseq else self.cls(*e))
+
+    def reconstruct(self, tx):
+        if self.source is not None:
+            return super().reconstruct(tx)
+        items = tuple(tx.realize(i).reconstruct(tx) for i in self.items)
+        if self.structseq:
+            return OutCall(self.cls, (OutTuple(items),))
+        # `_make` builds with tuple.__new__: no user `__new__` frame runs (which would be
+        # intercepted and, inside that very frame's entry, recurse)
+        return OutCall(self.cls._make, (OutTuple(items),))
+
+
+def is_namedtuple_class(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+@dataclass(frozen=True, eq=False)
+class ClassVariable(VariableTracker):
+    """A user class (or any class no other tracker models)."""
+
+    value: type = object
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def identity(self):
+        return ("obj", id(self.value))
+
+    def describe(self):
+        return f"class {self.value.__name__}"
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(value=getattr(self.value, name))
+        attr = lookup_class_attr(self.value, name)
+        if attr is _ABSENT:
+            unsupported(f"AttributeError: class {self.value.__name__} has no {name!r}",
+                        BreakReason.EXCEPTION)
+        return class_attr_tracker(tx, self.value, self.source, name, attr, None)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)
+
+    def call_function(self, tx, args, kwargs):
+        return construct_instance(tx, self.value, args, kwargs)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        return OutConst(self.value) if self.source is None else super().reconstruct(tx)
+
+
+def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
+    """`cls(*args, **kwargs)` for a user class: namedtuples are built directly; other classes
+    get a new object and their `__init__` inlined."""
+    import torch
+    from ferrodyn.variables.functions import bind_args
+    if is_namedtuple_class(cls):
+        new = cls.__new__
+        code = new.__code__
+        defaults = tuple(ConstantVariable(value=d) for d in (new.__defaults__ or ()))
+        bound = bind_args(code, cls.__name__, [ClassVariable(value=cls), *args], kwargs,
+                          defaults, {})
+        return NamedTupleVariable.make(cls, [bound[f] for f in cls._fields])
+    if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
+        unsupported(f"creating a {cls.__name__} inside the traced code",
+                    BreakReason.UNSUPPORTED_CALL)
+    if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
+            type(cls) is not type:
+        unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
+    obj = NewObjectVariable(cls=cls, state=ObjState({}))
+    init = lookup_class_attr(cls, "__init__")
+    if init is object.__init__:
+        if args or kwargs:
+            unsupported(f"{cls.__name__}() takes no arguments", BreakReason.EXCEPTION)
+        return obj
+    if not isinstance(init, types.FunctionType):
+        unsupported(f"{cls.__name__}.__init__ is not Python code", BreakReason.UNSUPPORTED_CALL)
+    tx.realize(class_attr_tracker(tx, cls, None, "__init__", init, obj)).call_function(
+        tx, args, kwargs)
+    return obj
+
+
+@dataclass(frozen=True, eq=False)
+class SuperVariable(VariableTracker):
+    """`super(cls, obj)`: attribute lookup starts after `cls` in type(obj)'s MRO."""
+
+    cls: type = object
+    obj: VariableTracker = None  # type: ignore[assignment]
+
+    def describe(self):
+        return f"super({self.cls.__name__})"
+
+    def var_getattr(self, tx, name):
+        mro = self.obj.python_type().__mro__
+        start = mro.index(self.cls) + 1
+        for klass in mro[start:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if attr is object.__init__:
+                    from ferrodyn.variables.builtins import NoOpFunction
+                    return NoOpFunction(name="object.__init__")
+                return class_attr_tracker(tx, klass, None, name, attr, self.obj)
+        unsupported(f"super().{name}", BreakReason.EXCEPTION)
+
+
+@dataclass(frozen=True, eq=False)
+class PythonModuleVariable(VariableTracker):
+    """A Python module (`math`, `torch`, a config module). Attributes of torch modules are not
+    guarded (torch is not patched between calls); others are guarded like any global."""
+
+    value: types.ModuleType = None  # type: ignore[assignment]
+
+    def python_type(self):
+        return types.ModuleType
+
+    def as_python_constant(self):
+        return self.value
+
+    def identity(self):
+        return ("obj", id(self.value))
+
+    def describe(self):
+        return f"module {self.value.__name__}"
+
+    def var_getattr(self, tx, name):
+        from ferrodyn.variables.builder import build_unsourced
+        import torch
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as e:
+            unsupported(str(e), BreakReason.EXCEPTION)
+        modname = self.value.__name__
+        if (modname == "torch" or modname.startswith("torch.")) and \
+                not isinstance(value, torch.Tensor) and \
+                not _is_mutable_config(value):
+            return build_unsourced(value)
+        if self.source is None:
+            return build_unsourced(value)
+        return LazyVariable(source=AttrSource(self.source, name), value=value)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        return OutConst(self.value) if self.source is None else super().reconstruct(tx)
+
+
+def _is_mutable_config(value) -> bool:
+    return isinstance(value, (bool, int, float, str)) and not isinstance(value, type)

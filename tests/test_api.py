@@ -1,0 +1,217 @@
+"""The public API without capture: argument checking, decorator forms, OptimizedModule's
+forwarding to the original module, config, logging switches, reset and the explain report."""
+
+import logging
+import operator
+
+import pytest
+import torch
+
+import ferrodyn
+from ferrodyn import _C, config, logs
+from ferrodyn.api import ExplainOutput
+from ferrodyn.optimized_module import OptimizedModule
+
+
+def f(x):
+    return x.sin()
+
+
+# ---- compile: arguments ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, err, msg", [
+    (dict(backend=3), TypeError, "backend must be a str or a callable, got int"),
+    (dict(fullgraph="yes"), TypeError, "fullgraph must be a bool, got str"),
+    (dict(dynamic=1), TypeError, "dynamic must be None or a bool, got int"),
+    (dict(options=["x"]), TypeError, "options must be a dict, got list"),
+    (dict(mode="fastest"), RuntimeError, "Unrecognized mode='fastest'"),
+    (dict(backend="nonexistent"), torch._dynamo.exc.InvalidBackend, "Invalid backend: 'nonexistent'"),
+])
+def test_bad_arguments_name_the_problem(kwargs, err, msg):
+    with pytest.raises(err, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        ferrodyn.compile(f, **kwargs)
+
+
+def test_bad_arguments_fail_in_the_decorator_form_too():
+    with pytest.raises(TypeError, match="fullgraph must be a bool"):
+        ferrodyn.compile(fullgraph=None)
+
+
+def test_non_callable_is_rejected():
+    with pytest.raises(TypeError, match="expects a callable or an nn.Module, got int"):
+        ferrodyn.compile(5)
+
+
+def test_decorator_forms_return_wrappers_of_the_function():
+    a = ferrodyn.compile(f, backend="eager")
+
+    @ferrodyn.compile
+    def b(x):
+        return x
+
+    @ferrodyn.compile(backend="eager", fullgraph=True)
+    def c(x):
+        return x
+
+    for w, name in ((a, "f"), (b, "b"), (c, "c")):
+        assert callable(w) and w.__name__ == name and w._ferrodyn_compiled
+    assert a.__wrapped__ is f
+    assert c._ferrodyn_callback.fullgraph is True
+
+
+def test_disable_flag_returns_the_function_unchanged():
+    assert ferrodyn.compile(f, disable=True) is f
+
+
+def test_dynamic_true_warns_that_shapes_are_specialised():
+    with pytest.warns(UserWarning, match="dynamic shapes are not implemented"):
+        ferrodyn.compile(f, backend="eager", dynamic=True)
+
+
+# ---- OptimizedModule -------------------------------------------------------------------------
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.register_buffer("running", torch.zeros(2))
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+def test_optimized_module_forwards_attributes_and_state():
+    net = Net()
+    om = ferrodyn.compile(net, backend="eager")
+    assert isinstance(om, OptimizedModule) and isinstance(om, torch.nn.Module)
+    assert om._orig_mod is net
+    assert om.fc is net.fc and om.scale == 2.0
+    om.scale = 3.0
+    assert net.scale == 3.0
+    om.extra = "x"
+    assert net.extra == "x" and "extra" not in om.__dict__
+    del om.extra
+    assert not hasattr(net, "extra")
+    assert list(om.state_dict()) == list(net.state_dict()) == ["running", "fc.weight", "fc.bias"]
+    assert [id(p) for p in om.parameters()] == [id(p) for p in net.parameters()]
+    assert [n for n, _ in om.named_modules()] == [n for n, _ in net.named_modules()]
+    assert [n for n, _ in om.named_buffers()] == ["running"]
+    sd = {k: torch.ones_like(v) for k, v in net.state_dict().items()}
+    om.load_state_dict(sd)
+    assert torch.equal(net.fc.weight, torch.ones(2, 3))
+
+
+def test_optimized_module_train_eval_follow_the_original():
+    net = Net()
+    om = ferrodyn.compile(net, backend="eager")
+    assert om.training and net.training
+    assert om.eval() is om
+    assert not net.training and not net.fc.training and not om.training
+    om.train()
+    assert net.training and net.fc.training
+    net.eval()
+    assert not om.training
+    om.training = True
+    assert net.training
+
+
+def test_optimized_module_dir_and_len():
+    seq = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh())
+    om = ferrodyn.compile(seq, backend="eager")
+    assert len(om) == 2
+    assert "fc" in dir(ferrodyn.compile(Net(), backend="eager"))
+
+
+def test_torch_module_gets_a_traceable_inline_frame():
+    from ferrodyn import convert_frame
+
+    om = ferrodyn.compile(torch.nn.Linear(2, 2), backend="eager")
+    target = om.forward._ferrodyn_orig
+    assert target.__code__ in convert_frame._ALWAYS_TRACE
+    om2 = ferrodyn.compile(Net(), backend="eager")
+    assert om2.forward._ferrodyn_orig == om2._orig_mod.__call__
+
+
+# ---- config ----------------------------------------------------------------------------------
+
+def test_config_validates_and_pushes_cache_size_limit():
+    old = config.cache_size_limit
+    try:
+        config.cache_size_limit = 3
+        if hasattr(_C, "get_cache_size_limit"):
+            assert _C.get_cache_size_limit() == 3
+        with pytest.raises(TypeError, match="cache_size_limit must be a non-negative int"):
+            config.cache_size_limit = "8"
+        with pytest.raises(AttributeError, match="no setting 'cache_limit'"):
+            config.cache_limit = 3
+    finally:
+        config.cache_size_limit = old
+
+
+def test_config_patch_restores():
+    old = config.cache_size_limit
+    with config.patch(cache_size_limit=old + 1, verbose=True):
+        assert config.cache_size_limit == old + 1 and config.verbose
+    assert config.cache_size_limit == old and not config.verbose
+
+    @config.patch(suppress_errors=False)
+    def g():
+        return config.suppress_errors
+    assert g() is False and config.suppress_errors is True
+    assert config.settings()["cache_size_limit"] == old
+
+
+# ---- logs ------------------------------------------------------------------------------------
+
+def test_log_spec_parsing():
+    assert logs.parse("graph, recompiles") == ["graph", "recompiles"]
+    assert logs.parse("all") == list(logs.CHANNELS)
+    with pytest.raises(ValueError, match="unknown ferrodyn log channel"):
+        logs.parse("graphs")
+
+
+def test_env_switch_enables_exactly_those_channels():
+    try:
+        assert logs.configure_from_env({"FERRODYN_LOGS": "guards,recompiles"}) == ["guards", "recompiles"]
+        assert logs.guards_log.isEnabledFor(logging.DEBUG)
+        assert logs.recompiles_log.isEnabledFor(logging.DEBUG)
+        assert not logs.graph_log.isEnabledFor(logging.DEBUG)
+        assert logs.configure_from_env({}) == []
+    finally:
+        logs.set_logs("")
+    assert not logs.guards_log.isEnabledFor(logging.DEBUG)
+
+
+# ---- reset and explain -----------------------------------------------------------------------
+
+def test_reset_clears_python_state():
+    from ferrodyn import convert_frame
+
+    convert_frame._frame_ids[1] = 5
+    ferrodyn.reset()
+    assert convert_frame._frame_ids == {} and convert_frame._eager_trees == {}
+
+
+def test_explain_output_reads_well():
+    out = ExplainOutput()
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+
+    class Rec:
+        code = f.__code__
+        graph = gm
+        guards = ["L['x'] is a Tensor(float32, [2])"]
+        recompile_reasons = []
+        reason = "call of a function the converter cannot trace: print"
+
+    out.on_graph(Rec)
+    out.on_eager(Rec)
+    assert out.graph_count == 1 and out.graph_break_count == 1
+    assert out.ops == [torch.relu, operator.add]
+    text = str(out)
+    assert "Graph count: 1" in text and "print" in text and "L['x']" in text and "relu" in text
+
+
+def test_explain_rejects_non_callables():
+    with pytest.raises(TypeError, match="explain expects a callable"):
+        ferrodyn.explain(3)

@@ -1,0 +1,141 @@
+"""Constructs the converter refuses: each raises Unsupported with its BreakReason and the
+user's file and line (the innermost inlined function's), and never returns a wrong graph."""
+
+import inspect
+
+import pytest
+import torch
+
+from ferrodyn.exc import BreakReason, Unsupported
+from translate_harness import trace
+
+G = 0
+
+
+class Obj:
+    def __init__(self):
+        self.v = 1
+
+
+def data_dependent_if(x):
+    if x.sum() > 0:  # LINE
+        return x
+    return -x
+
+
+def item_of_input(x):
+    return x * x.max().item()  # LINE
+
+
+def prints(x):
+    print(x)  # LINE
+    return x
+
+
+def raises(x):
+    raise ValueError("no")  # LINE
+
+
+def try_except(x):
+    try:
+        y = x + 1
+        raise KeyError  # LINE
+    except KeyError:
+        y = x
+    return y
+
+
+def generator_fn(x):
+    yield x
+
+
+def uses_generator(x):
+    g = generator_fn(x)  # LINE
+    return next(g)
+
+
+def appends_to_input(x, xs):
+    xs.append(x)  # LINE
+    return x
+
+
+def sets_attr_on_input(x, o):
+    o.v = 2  # LINE
+    return x
+
+
+def stores_global(x):
+    global G
+    G = 1  # LINE
+    return x
+
+
+def mutates_input_dict(x, d):
+    d["k"] = x  # LINE
+    return x
+
+
+def inner(x):
+    return bool(x.any())  # LINE
+
+
+def outer_calls_inner(x):
+    return inner(x)
+
+
+def nonzero(x):
+    return x.nonzero()  # LINE
+
+
+def set_literal(x):
+    return {1, 2}  # LINE
+
+
+def tensor_requires_grad_set(x):
+    x.requires_grad = True  # LINE
+    return x
+
+
+def _line_of(fn):
+    src, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(src):
+        if "# LINE" in line:
+            return start + i
+    raise AssertionError(fn)
+
+
+CASES = [
+    (data_dependent_if, (torch.randn(3),), BreakReason.DATA_DEPENDENT, data_dependent_if),
+    (item_of_input, (torch.randn(3),), BreakReason.DATA_DEPENDENT, item_of_input),
+    (prints, (torch.randn(3),), BreakReason.UNSUPPORTED_CALL, prints),
+    (raises, (torch.randn(3),), BreakReason.EXCEPTION, raises),
+    (try_except, (torch.randn(3),), BreakReason.EXCEPTION, try_except),
+    (uses_generator, (torch.randn(3),), BreakReason.GENERATOR, uses_generator),
+    (appends_to_input, (torch.randn(3), []), BreakReason.SIDE_EFFECT, appends_to_input),
+    (sets_attr_on_input, (torch.randn(3), Obj()), BreakReason.SIDE_EFFECT, sets_attr_on_input),
+    (stores_global, (torch.randn(3),), BreakReason.SIDE_EFFECT, stores_global),
+    (mutates_input_dict, (torch.randn(3), {}), BreakReason.SIDE_EFFECT, mutates_input_dict),
+    (outer_calls_inner, (torch.randn(3),), BreakReason.DATA_DEPENDENT, inner),
+    (nonzero, (torch.randn(3),), BreakReason.DATA_DEPENDENT, nonzero),
+    (set_literal, (torch.randn(3),), BreakReason.UNSUPPORTED_TYPE, set_literal),
+    (tensor_requires_grad_set, (torch.randn(3),), BreakReason.SIDE_EFFECT,
+     tensor_requires_grad_set),
+]
+
+
+@pytest.mark.parametrize("fn,args,reason,where", CASES, ids=[c[0].__name__ for c in CASES])
+def test_refused_with_reason_and_location(fn, args, reason, where):
+    with pytest.raises(Unsupported) as info:
+        trace(fn, *args)
+    e = info.value
+    assert e.reason is reason, (e.reason, str(e))
+    assert e.filename == __file__
+    assert e.lineno == _line_of(where)
+    assert f"{__file__}:{e.lineno}" in str(e)
+    assert isinstance(e, torch._dynamo.exc.Unsupported)
+
+
+def test_generator_frame_refused():
+    with pytest.raises(Unsupported) as info:
+        trace(generator_fn, torch.randn(2))
+    assert info.value.reason is BreakReason.GENERATOR
