@@ -199,3 +199,24 @@ def test_odd_parameter_names_are_renamed():
     y = torch.randn(2)
     got = fn("first", y)
     assert got[1] == "first" and torch.equal(got[0], -y)
+
+
+def test_graph_runs_fenced_unless_told_otherwise():
+    from ferrodyn import _C
+
+    seen = []
+
+    def graph_fn(a):
+        seen.append(_C.get_eval_frame())
+        return (a,)
+
+    r = TraceResult(graph_of(lambda a, g: [a], 1), [LocalSource(0, "x")], [], OutGraph(0))
+    cb = lambda frame: None  # noqa: E731
+    prior = _C.set_eval_frame(cb)
+    try:
+        codegen.generate_entry(user_fn.__code__, r, graph_fn, globals(), {})(1, 2)
+        codegen.generate_entry(user_fn.__code__, r, graph_fn, globals(), {}, fence=False)(1, 2)
+        after = _C.get_eval_frame()
+    finally:
+        _C.set_eval_frame(prior)
+    assert seen == [False, cb] and after is cb

@@ -268,3 +268,21 @@ def test_explain_reports_graphs_guards_and_eager_frames(monkeypatch):
     assert "print() in outer" in out.break_reasons[0]
     text = str(out)
     assert "Graph count: 1" in text and "inner" in text and "print() in outer" in text
+
+
+def user_kernel(*args):
+    return inner.__wrapped__(*args) if hasattr(inner, "__wrapped__") else (torch.relu(args[0]) * 3,)
+
+
+def test_python_code_inside_a_compiled_graph_is_never_traced():
+    t = Tracer()
+
+    def backend(gm, example_inputs):
+        return user_kernel  # user code, run by the entry on every hit
+
+    c = run(inner, t, backend)
+    x = torch.randn(3)
+    for _ in range(3):
+        assert torch.allclose(c(x), inner(x))
+    assert t.calls == {"inner": 1}
+    assert _C.cache_entries(user_kernel.__code__) == []

@@ -130,7 +130,12 @@ class ExplainOutput:
 
     def __str__(self) -> str:
         def opname(op: Any) -> str:
-            return op if isinstance(op, str) else getattr(op, "__qualname__", None) or str(op)
+            if isinstance(op, str):
+                return op
+            name, mod = getattr(op, "__name__", None), getattr(op, "__module__", None)
+            if name is None:
+                return str(op)
+            return name if mod in (None, "_operator", "operator", "builtins") else f"{mod}.{name}"
 
         lines = [f"Graph count: {self.graph_count}",
                  f"Graph break count: {self.graph_break_count}",

@@ -2,7 +2,7 @@
 
 Owns the Python source of the entry: load the graph inputs from the frame's argument slots,
 closure cells, globals and builtins (through `Source.to_python`), call the compiled graph with
-this thread's frame callback off (so nothing inside the compiled graph is intercepted), rebuild
+this thread's frame callback fenced (so nothing inside the compiled graph is traced), rebuild
 the return value from the `Out` spec, return it. The source is compiled with `compile()` under
 the original code's file name and first line, named like the original, so tracebacks read like
 the user's function. Does not trace, compile graphs or build guards.
@@ -109,11 +109,15 @@ _RENDER: dict[type, Callable[[_Emitter, Any], str]] = {
 
 
 def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., Any] | None,
-                   f_globals: dict, f_builtins: dict) -> FunctionType:
+                   f_globals: dict, f_builtins: dict, *, fence: bool = True) -> FunctionType:
     """The entry function for `code`: calls `graph_fn` (the backend's compiled graph; None when
     the return value needs no graph) on the inputs named by `result.graph_inputs` and returns
     the value described by `result.output`. Its code is marked SKIP so that the hook never
-    intercepts the entry itself."""
+    intercepts the entry itself.
+
+    `fence`: run `graph_fn` with this thread's callback set to False (cached entries only, no
+    tracing), so that no Python frame inside a compiled graph is ever traced. The caller may
+    drop it for graphs known to reach no user code (convert_frame.graph_is_closed)."""
     nslots = argument_slot_count(code)
     params, local_names = [], {}
     for i, name in enumerate(code.co_varnames[:nslots]):
@@ -131,8 +135,11 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
     body = []
     if graph_fn is not None:
         args = ", ".join(src.to_python(env) for src in result.graph_inputs)
-        body.append(f"try: {_PRIOR} = {_SEF}(None); {_OUT} = {_GRAPH}({args})")
-        body.append(f"finally: {_SEF}({_PRIOR})")
+        if fence:
+            body.append(f"try: {_PRIOR} = {_SEF}(False); {_OUT} = {_GRAPH}({args})")
+            body.append(f"finally: {_SEF}({_PRIOR})")
+        else:
+            body.append(f"{_OUT} = {_GRAPH}({args})")
     body.append(f"return {emit.expr(result.output)}")
     src = f"def {_ENTRY}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
 

@@ -203,6 +203,24 @@ def graph_ops(gm: torch.fx.GraphModule) -> list[Any]:
     return [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
 
 
+def graph_is_closed(gm: torch.fx.GraphModule) -> bool:
+    """Whether running `gm`'s own generated forward can reach no traceable Python frame: no
+    call_module nodes, and every call_function target is either not a Python function or one
+    from a skipped file (torch's)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            return False
+        if n.op == "call_function":
+            code = getattr(n.target, "__code__", None)
+            if code is not None and not is_skipped_file(code.co_filename):
+                return False
+    return True
+
+
+def _is_fx_forward(fn: Any, gm: torch.fx.GraphModule) -> bool:
+    return getattr(fn, "__self__", None) is gm and getattr(fn, "__func__", None) is type(gm).forward
+
+
 def _uses_graph(out: Out) -> bool:
     if isinstance(out, OutGraph):
         return True
@@ -271,12 +289,13 @@ class FrameCallback:
 
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph
-        graph_fn = None
+        graph_fn, fence = None, True
         if _uses_graph(result.output):
             if graph_ops(gm):
                 graph_fn = self.call_backend(gm, result.example_inputs)
             else:
                 graph_fn = gm.forward  # nothing to compile: torch.compile skips the backend too
+            fence = not (_is_fx_forward(graph_fn, gm) and graph_is_closed(gm))
         specs = [*result.guards, GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
         try:
             tree = compile_guards(specs, frame.f_globals, frame.f_builtins)
@@ -286,7 +305,7 @@ class FrameCallback:
             if self.fullgraph:
                 raise err from e
             return self._run_eager(code, frame, err)
-        fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins)
+        fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence)
         compile_id = _compile_id(code, n_entries)
         entry = _C.CacheEntry(fn, tree, backend_id=self.backend_id, compile_id=compile_id)
         self._log_compiled(code, gm, fn, tree, compile_id)
