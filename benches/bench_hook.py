@@ -7,6 +7,8 @@ Cases:
   the hook's cost on frames it does not compile. Reference: torch's own run-only mode
   (`torch._C._dynamo.eval_frame.set_eval_frame(False)`), same chain. Eager (no hook) is in the
   note.
+- "set_eval_frame(cb) + restore": the per-call cost of entering and leaving the hook from a
+  wrapper, against torch's `set_eval_frame`.
 - "cache hit, 1 tensor arg": `f(x)` whose cache holds one entry running the same fx graph
   (captured from torch.compile(backend="eager")), guarded by the equivalent tree (tensor match
   on x and the global torch state), called in run-only mode: hook + lookup + guard + entry call.
@@ -76,6 +78,19 @@ def run(rounds: int = 30) -> list[dict]:
 
     from ferrodyn import _C
 
+    # One intra-op thread: on a small shared machine torch's thread pool makes the tensor case's
+    # timings mostly scheduler noise. Restored on exit.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(rounds, torch, torch_ef, _C)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(rounds, torch, torch_ef, _C) -> list[dict]:
+    import torch._dynamo
+
     rows = []
     t = interleaved_ns({
         "ferrodyn": _block(_C.set_eval_frame, a, 3),
@@ -88,6 +103,25 @@ def run(rounds: int = 30) -> list[dict]:
         "ferrodyn": t["ferrodyn"], "reference": t["torch"], "unit": "ns",
         "reference_name": "torch._dynamo",
         "note": f"eager (no hook): {t['plain']:.0f} ns per call",
+    })
+
+    # What a compiled function's wrapper pays to enter and leave the hook: set a callback,
+    # restore the previous one (None).
+    def toggles(set_eval_frame, n=CALLS):
+        cb = lambda view: None  # noqa: E731
+
+        def run():
+            for _ in range(n):
+                set_eval_frame(set_eval_frame(cb))
+        return run
+
+    t = interleaved_ns({"ferrodyn": toggles(_C.set_eval_frame),
+                        "torch": toggles(torch_ef.set_eval_frame)}, inner=1, rounds=rounds)
+    rows.append({
+        "case": "set_eval_frame(cb) + restore (None)",
+        "ferrodyn": t["ferrodyn"] / CALLS, "reference": t["torch"] / CALLS, "unit": "ns",
+        "reference_name": "torch._dynamo",
+        "note": "the two calls a compiled function's wrapper makes per call",
     })
 
     # Cache hit: the same fx graph behind both caches.

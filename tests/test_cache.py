@@ -131,7 +131,8 @@ def test_insert_entry_respects_the_limit():
 
 
 def test_limit_warning_as_error_propagates_from_the_call():
-    _C.set_cache_size_limit(0)
+    _C.set_cache_size_limit(1)
+    _C.insert_entry(f.__code__, entry("str", type_tree(0, "x", str)))
     rec = Recorder()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -139,7 +140,8 @@ def test_limit_warning_as_error_propagates_from_the_call():
             with pytest.raises(RuntimeWarning, match="cache size limit"):
                 f(1)
             assert f(2) == ("eager", 2)  # warned once: later frames simply run
-    assert rec.views == []
+            assert f("s") == ("str", "s")
+    assert [v for v in rec.views if v.f_code is f.__code__] == []
 
 
 def test_set_cache_size_limit_rejects_negative():
@@ -207,3 +209,27 @@ def test_cache_functions_reject_non_code():
         _C.cache_entries(f)
     with pytest.raises(TypeError):
         _C.insert_entry(f, entry("a"))
+
+
+def test_limit_zero_never_calls_the_callback():
+    ns = {}
+    exec("def fresh(x):\n    return ('eager', x)\n", ns)
+    fresh = ns["fresh"]
+    _C.set_cache_size_limit(0)
+    calls = []
+
+    def cb(view):
+        if view.f_code is fresh.__code__:
+            calls.append(view)
+            return entry("compiled")
+        return None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with callback(cb):
+            assert fresh(1) == ("eager", 1)
+            assert fresh(2) == ("eager", 2)
+    mine = [str(w.message) for w in caught if "'fresh'" in str(w.message)]
+    assert len(mine) == 1 and "(0 entries)" in mine[0]  # once per code object
+    assert calls == [] and _C.cache_entries(fresh.__code__) == []
+    assert _C.cache_stats()["limit_reached"] >= 2  # fresh twice (and any other frame)

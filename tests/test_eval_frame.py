@@ -590,3 +590,160 @@ def test_bound_methods_pass_self_in_slot_zero():
     with callback(False):
         assert o.method(4) == "hit"
     assert got == [(o, 4)]
+
+
+def test_tracing_and_profiling_alongside_the_hook():
+    events = []
+
+    def tracer(frame, event, arg):
+        events.append((frame.f_code.co_name, event))
+        return tracer
+
+    _C.insert_entry(add.__code__, _C.CacheEntry(lambda a, b: ("hit", a, b), always_tree()))
+    rec = Recorder()
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with callback(rec):
+            assert outer(2) == ("hit", 2, 1) * 2
+            assert fact(4) == 24
+    finally:
+        sys.settrace(old)
+    sys.setprofile(lambda *a: None)
+    try:
+        with callback(False):
+            assert add(1, 2) == ("hit", 1, 2)
+    finally:
+        sys.setprofile(None)
+    assert ("outer", "call") in events and ("fact", "return") in events
+    assert ("add", "call") not in events  # replaced by its entry: never ran
+    # The trace function is a Python frame too (called by the interpreter): intercepted.
+    assert [n for n in rec.names() if n != "tracer"] == ["outer", "fact", "fact", "fact", "fact"]
+
+
+def test_interpreter_exits_cleanly_with_callback_and_entries_alive(tmp_path):
+    import os
+    import subprocess
+    script = tmp_path / "exit_with_hook.py"
+    script.write_text(
+        "import threading\n"
+        "from ferrodyn import _C\n"
+        "def f(x): return x\n"
+        "def comp(x): return ('c', x)\n"
+        "_C.insert_entry(f.__code__, _C.CacheEntry(comp, _C.GuardBuilder().build()))\n"
+        "_C.set_eval_frame(lambda v: None)\n"
+        "assert f(1) == ('c', 1)\n"
+        "def w():\n"
+        "    _C.set_eval_frame(False)\n"
+        "    assert f(2) == ('c', 2)\n"
+        "t = threading.Thread(target=w, daemon=True); t.start(); t.join()\n"
+        "class D:\n"
+        "    def __del__(self):\n"
+        "        print('finalizer', f(3))\n"
+        "d = D(); d.self = d\n"
+        "print('done')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "done"
+
+
+def test_threads_compiling_the_same_code_concurrently():
+    def poly(x):
+        return ("eager", x)
+
+    compiles = []
+
+    def cb(view):
+        if view.f_code is not poly.__code__:
+            return None
+        (x,) = view.args
+        t = type(x)
+        compiles.append(t)
+        return _C.CacheEntry(lambda x: (t.__name__, x), type_tree(0, "x", t))
+
+    values = [1, "s", 2.5, b"b", (1,)]
+    errors = []
+
+    def worker(k):
+        try:
+            with callback(cb):
+                for i in range(500):
+                    v = values[(i + k) % len(values)]
+                    assert poly(v) == (type(v).__name__, v)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert errors == []
+    entries = _C.cache_entries(poly.__code__)
+    # Threads may race to compile the same type before either inserts; never past the limit.
+    assert len(values) <= len(entries) <= _C.get_cache_size_limit()
+    assert len(entries) == min(len(compiles), _C.get_cache_size_limit())
+    # Every call was either a hit or a compile (which ran its new entry without a lookup).
+    assert sum(e.hits for e in entries) + len(compiles) == 4 * 500
+
+
+def test_callback_may_switch_callbacks_inside():
+    seen = []
+
+    def inner_cb(view):  # pragma: no cover - must never be called
+        seen.append(("inner", view.f_code.co_name))
+
+    def cb(view):
+        if view.f_code.co_filename != __file__:
+            return None
+        seen.append(("outer", view.f_code.co_name))
+        prev = _C.set_eval_frame(inner_cb)
+        add(0, 0)  # still inside the callback: not intercepted by either
+        assert _C.set_eval_frame(prev) is inner_cb
+        return None
+
+    with callback(cb):
+        assert outer(1) == 4
+    assert seen == [("outer", "outer"), ("outer", "add")]
+    assert _C._debug_hook_state()["active_threads"] == 0
+
+
+def test_exceptions_swallowed_by_failing_guards_are_freed_promptly():
+    live = [0]
+
+    class Boom(Exception):
+        def __init__(self):
+            live[0] += 1
+
+        def __del__(self):
+            live[0] -= 1
+
+    class Weird:
+        def __getattr__(self, name):
+            raise Boom()
+
+    def f(o):
+        return "eager"
+
+    b = _C.GuardBuilder()
+    b.equals(b.attr(b.local(0, "o"), "flag"), True)
+    raising_tree = b.build()
+    _C.insert_entry(f.__code__, _C.CacheEntry(lambda o: "hit", raising_tree))
+    w = Weird()
+    counts = []
+    with callback(False):
+        for _ in range(200):
+            assert f(w) == "eager"  # the guard raises inside: a failure, the frame runs
+            counts.append(live[0])
+    assert max(counts) == 0
+    assert _C.cache_stats()["guard_failures"] == 200
+    # The same when a later entry hits after the raising one failed.
+    _C.reset()
+    _C.insert_entry(f.__code__, _C.CacheEntry(lambda o: "hit", always_tree()))
+    _C.insert_entry(f.__code__, _C.CacheEntry(lambda o: "never", raising_tree))
+    with callback(False):
+        assert f(w) == "hit"
+        assert live[0] == 0

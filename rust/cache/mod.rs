@@ -265,8 +265,13 @@ pub fn count_miss() {
     bump(&MISSES);
 }
 
-/// The first entry of `state` whose guards pass on `input`, moved to the front (a hit), or None.
-pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> Option<EntryRef> {
+/// The first entry of `state` whose guards pass on `input`, moved to the front (a hit), or None;
+/// with the number of entries whose guards failed first.
+pub fn lookup(
+    py: Python<'_>,
+    state: &CodeState,
+    input: &GuardInput<'_, '_>,
+) -> (Option<EntryRef>, usize) {
     let snap = state.snapshot();
     for (i, e) in snap.iter().enumerate() {
         let entry = e.get();
@@ -276,11 +281,11 @@ pub fn lookup(py: Python<'_>, state: &CodeState, input: &GuardInput<'_, '_>) -> 
             if i != 0 {
                 state.promote(e);
             }
-            return Some(Arc::clone(e));
+            return (Some(Arc::clone(e)), i);
         }
         bump(&GUARD_FAILURES);
     }
-    None
+    (None, snap.len())
 }
 
 /// `code` is at the limit and a frame of it will run normally: count it, and warn once per

@@ -2,7 +2,8 @@
 //! the Python API around it (`set_eval_frame`, `skip_code`, ...).
 //!
 //! The raw hook (reading CPython's frame, calling the default evaluator, clearing replaced
-//! frames) is `crate::ffi::frame`; it asks [`on_frame`] what to do with each candidate frame.
+//! frames) is `crate::ffi::frame`; it asks [`on_frame_cached`] (and, on a miss with a callback
+//! set, [`on_frame_miss`]) what to do with each candidate frame.
 //! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
 //! callback (`thread`), the frame view (`view`). Does not own: entry storage (`crate::cache`)
 //! or guard evaluation (`crate::guards`).
@@ -34,7 +35,8 @@ pub fn worth_offering(mode: Mode, state: Option<&crate::cache::CodeState>) -> bo
 /// The hit path: decide from the cache alone. `Some(action)` when decided (SKIP code, a hit,
 /// or nothing more to do), `None` when the miss path must run. Called by the hook without a
 /// pyo3 attach guard (the GIL is held), so it creates no `Py<T>` it would drop: objects it
-/// handles are borrowed or `Bound`.
+/// handles are borrowed or `Bound` (an entry removed from the cache while it runs is released
+/// through pyo3's deferred-decref pool, later but correctly).
 pub fn on_frame_cached(
     frame: &InterceptedFrame<'_>,
     state: Option<&crate::cache::CodeState>,
@@ -54,7 +56,14 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        if let Some(entry) = cache::lookup(py, st, &input) {
+        let (hit, failures) = cache::lookup(py, st, &input);
+        if failures > 0 {
+            // A failing guard may have swallowed an exception, released under the bare token
+            // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
+            // next attaches. Hits on the first entry (the common case) skip this.
+            Python::attach(|_| ());
+        }
+        if let Some(entry) = hit {
             let f = entry.get().func().bind(py).clone();
             return Some(FrameAction::Return(
                 frame.call_with_slots(&f).map(Bound::unbind),
@@ -72,13 +81,14 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
     let py = frame.py();
     let state = frame.code_state();
     let code = frame.code().to_owned();
-    if let Some(st) = state {
-        if st.at_limit() {
-            return match cache::limit_reached(&code, st) {
-                Ok(()) => FrameAction::RunDefault,
-                Err(e) => FrameAction::Return(Err(e)),
-            };
-        }
+    let at_limit = state.map_or(cache::cache_size_limit() == 0, |s| s.at_limit());
+    if at_limit {
+        let warned =
+            code_extra::state_or_init(&code).and_then(|st| cache::limit_reached(&code, st));
+        return match warned {
+            Ok(()) => FrameAction::RunDefault,
+            Err(e) => FrameAction::Return(Err(e)),
+        };
     }
     let Some(cb) = thread::callback(py) else {
         return FrameAction::RunDefault;
@@ -167,4 +177,32 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(code_flags, m)?)?;
     debug::register(m)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CodeState;
+
+    #[test]
+    fn pre_check_offers_only_frames_with_work() {
+        let st = CodeState::default();
+        // Run-only: nothing to run without entries, with or without state.
+        assert!(!worth_offering(Mode::RunOnly, None));
+        assert!(!worth_offering(Mode::RunOnly, Some(&st)));
+        // A callback: every frame may compile.
+        assert!(worth_offering(Mode::Callback, None));
+        assert!(worth_offering(Mode::Callback, Some(&st)));
+        // SKIP wins over everything.
+        st.set_flag(CodeFlag::Skip);
+        assert!(!worth_offering(Mode::Callback, Some(&st)));
+        st.set_flag(CodeFlag::RunOnly);
+        assert!(worth_offering(Mode::Callback, Some(&st)));
+    }
+
+    #[test]
+    fn threads_start_with_the_hook_off() {
+        assert_eq!(thread_mode(0), Mode::Off);
+        assert_eq!(thread_mode(12345), Mode::Off);
+    }
 }

@@ -1,14 +1,18 @@
 //! The thread-local callback and the interpreter-wide install count.
 //!
-//! Each thread's callback is kept twice: the hot path reads a `thread_local!` cell (its mode
-//! and the thread state it belongs to), and a [`CallbackHolder`] stored in the thread state's
-//! dict owns the thread's share of the install count. CPython clears that dict when the thread
-//! state is cleared (thread exit), with the GIL held, so a thread that exits with a callback set
-//! still gives its share back, and the PEP 523 function is uninstalled when the last one goes.
+//! The hot path reads a `thread_local!` cell: the thread's mode and the thread state it was set
+//! for. Each thread that ever set a callback also has a [`CallbackHolder`] in its thread
+//! state's dict, sharing an `active` flag with the thread-local slot: the flag is this thread's
+//! share of the install count. `set_eval_frame` flips the flag (no dict work after the first
+//! call on a thread); CPython clears the dict when the thread state is cleared (thread exit,
+//! GIL held), and the holder's drop gives back the share of a thread that exits with a
+//! callback still set. The PEP 523 function is installed while the count is non-zero.
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
@@ -32,26 +36,28 @@ struct ThreadHook {
     in_callback: bool,
     /// The thread state the mode was set for (0: none).
     tstate: usize,
-    /// The id of this thread's `CallbackHolder` (0: none).
-    holder: u64,
 }
 
 const OFF: ThreadHook = ThreadHook {
     mode: Mode::Off,
     in_callback: false,
     tstate: 0,
-    holder: 0,
 };
+
+/// This thread's link to its holder.
+struct Slot {
+    tstate: usize,
+    active: Arc<AtomicBool>,
+}
 
 thread_local! {
     static HOOK: Cell<ThreadHook> = const { Cell::new(OFF) };
     static CALLBACK: RefCell<Option<Py<PyAny>>> = const { RefCell::new(None) };
+    static SLOT: RefCell<Option<Slot>> = const { RefCell::new(None) };
 }
 
-/// Threads with a non-None callback (live holders).
+/// Threads with a non-None callback (holders whose flag is set).
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
-static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
-const HOLDER_KEY: &str = "ferrodyn._C.eval_frame_callback";
 
 /// The hot-path read: this thread's mode for frames of thread state `tstate`.
 #[inline]
@@ -66,26 +72,51 @@ pub fn thread_mode(tstate: usize) -> Mode {
     })
 }
 
-/// Owns one thread's share of the install count; lives in the thread state's dict.
+/// Lives in a thread state's dict; owns that thread's share of the install count while
+/// `active` is set.
 #[pyclass(module = "ferrodyn._C", name = "_CallbackHolder", frozen)]
 pub struct CallbackHolder {
-    id: u64,
+    active: Arc<AtomicBool>,
+}
+
+fn activate(active: &AtomicBool) {
+    if !active.swap(true, Ordering::AcqRel) {
+        ACTIVE.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+fn deactivate(active: &AtomicBool) {
+    if active.swap(false, Ordering::AcqRel) && ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let _ = Python::try_attach(hook::uninstall);
+    }
 }
 
 impl Drop for CallbackHolder {
     fn drop(&mut self) {
-        // Dropped with the GIL held: by set_eval_frame(None) or when the thread state is cleared.
-        let mine = HOOK
-            .try_with(|h| h.get().holder == self.id)
+        // Dropped with the GIL held, when the thread state's dict is cleared (or the holder is
+        // replaced). On its own thread, forget the thread-local state too.
+        let mine = SLOT
+            .try_with(|s| {
+                s.try_borrow_mut().ok().is_some_and(|mut s| {
+                    let mine = s
+                        .as_ref()
+                        .is_some_and(|s| Arc::ptr_eq(&s.active, &self.active));
+                    if mine {
+                        *s = None;
+                    }
+                    mine
+                })
+            })
             .unwrap_or(false);
         if mine {
             let _ = HOOK.try_with(|h| h.set(OFF));
-            let old = CALLBACK.try_with(|c| c.borrow_mut().take()).ok().flatten();
+            let old = CALLBACK
+                .try_with(|c| c.try_borrow_mut().ok().and_then(|mut c| c.take()))
+                .ok()
+                .flatten();
             drop(old);
         }
-        if ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _ = Python::try_attach(hook::uninstall);
-        }
+        deactivate(&self.active);
     }
 }
 
@@ -109,80 +140,94 @@ pub fn callback(py: Python<'_>) -> Option<Py<PyAny>> {
     CALLBACK.with(|c| c.borrow().as_ref().map(|c| c.clone_ref(py)))
 }
 
-/// Set this thread's callback; returns the previous one.
-pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-    let mode = if new.is_none() {
-        Mode::Off
+fn parse_mode(new: &Bound<'_, PyAny>) -> PyResult<Mode> {
+    if new.is_none() {
+        Ok(Mode::Off)
     } else if new.is_instance_of::<PyBool>() {
         if new.is_truthy()? {
             return Err(PyTypeError::new_err(
                 "set_eval_frame: expected None, False or a callable, got True",
             ));
         }
-        Mode::RunOnly
+        Ok(Mode::RunOnly)
     } else if new.is_callable() {
-        Mode::Callback
+        Ok(Mode::Callback)
     } else {
-        return Err(PyTypeError::new_err(format!(
+        Err(PyTypeError::new_err(format!(
             "set_eval_frame: expected None, False or a callable, got {}",
             new.get_type().name()?
-        )));
-    };
+        )))
+    }
+}
+
+/// This thread's active flag, creating its holder on first use (per thread state).
+fn thread_flag(py: Python<'_>, tstate: usize) -> PyResult<Arc<AtomicBool>> {
+    let existing = SLOT.with(|s| {
+        s.borrow()
+            .as_ref()
+            .filter(|s| s.tstate == tstate)
+            .map(|s| Arc::clone(&s.active))
+    });
+    if let Some(a) = existing {
+        return Ok(a);
+    }
+    let dict = hook::thread_state_dict(py)
+        .ok_or_else(|| PyRuntimeError::new_err("ferrodyn: no thread state dict"))?;
+    let active = Arc::new(AtomicBool::new(false));
+    let holder = Py::new(
+        py,
+        CallbackHolder {
+            active: Arc::clone(&active),
+        },
+    )?;
+    // Link first, so that a stale holder replaced below is not taken for this thread's.
+    let stale = SLOT.with(|s| {
+        s.borrow_mut().replace(Slot {
+            tstate,
+            active: Arc::clone(&active),
+        })
+    });
+    drop(stale);
+    dict.set_item(intern!(py, "ferrodyn._C.eval_frame_callback"), holder)?;
+    Ok(active)
+}
+
+/// Set this thread's callback; returns the previous one.
+pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let mode = parse_mode(new)?;
     let prev = current(py);
     let tstate = hook::current_thread_state(py);
-    let dict = hook::thread_state_dict(py).ok_or_else(|| {
-        pyo3::exceptions::PyRuntimeError::new_err("ferrodyn: no thread state dict")
-    })?;
-    let old_cb = CALLBACK.with(|c| {
-        let mut c = c.borrow_mut();
-        std::mem::replace(
-            &mut *c,
-            if mode == Mode::Callback {
-                Some(new.clone().unbind())
-            } else {
-                None
-            },
-        )
-    });
     let h = HOOK.with(|h| h.get());
-    let has_holder = h.holder != 0 && h.tstate == tstate && dict.contains(HOLDER_KEY)?;
-    if mode == Mode::Off {
-        HOOK.with(|c| {
-            c.set(ThreadHook {
-                in_callback: h.in_callback && h.tstate == tstate,
-                ..OFF
-            })
-        });
-        if has_holder {
-            dict.del_item(HOLDER_KEY)?; // drops the holder: count down, maybe uninstall
-        }
+    let in_callback = h.in_callback && h.tstate == tstate;
+    let flag = if mode == Mode::Off {
+        // Nothing to create for "off": a thread without a holder has no share to give back.
+        SLOT.with(|s| {
+            s.borrow()
+                .as_ref()
+                .filter(|s| s.tstate == tstate)
+                .map(|s| Arc::clone(&s.active))
+        })
     } else {
-        let holder = if has_holder {
-            h.holder
+        Some(thread_flag(py, tstate)?)
+    };
+    let old_cb = CALLBACK.with(|c| {
+        let cb = (mode == Mode::Callback).then(|| new.clone().unbind());
+        std::mem::replace(&mut *c.borrow_mut(), cb)
+    });
+    HOOK.with(|c| {
+        c.set(ThreadHook {
+            mode,
+            in_callback,
+            tstate,
+        })
+    });
+    if let Some(flag) = flag {
+        if mode == Mode::Off {
+            deactivate(&flag);
         } else {
-            let id = NEXT_HOLDER.fetch_add(1, Ordering::Relaxed);
-            ACTIVE.fetch_add(1, Ordering::AcqRel);
-            // Set the TLS first so a holder left over from an earlier thread state is not "mine".
-            HOOK.with(|c| {
-                c.set(ThreadHook {
-                    mode,
-                    in_callback: h.in_callback,
-                    tstate,
-                    holder: id,
-                })
-            });
-            dict.set_item(HOLDER_KEY, Py::new(py, CallbackHolder { id })?)?;
-            id
-        };
-        HOOK.with(|c| {
-            c.set(ThreadHook {
-                mode,
-                in_callback: h.in_callback && h.tstate == tstate,
-                tstate,
-                holder,
-            })
-        });
-        hook::install(py);
+            activate(&flag);
+            hook::install(py);
+        }
     }
     drop(old_cb); // last: may run Python code
     Ok(prev)

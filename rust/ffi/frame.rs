@@ -143,13 +143,14 @@ unsafe extern "C" fn ferrodyn_eval_frame(
         // SKIP code, or run-only with no entries: nothing to do, decided without attaching.
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
+    // GIL held: a plain load and store.
     OFFERED.store(
         OFFERED.load(Ordering::Relaxed).wrapping_add(1),
         Ordering::Relaxed,
-    ); // GIL held
-       // The hit path runs under a bare token: the GIL is held (we are called by the eval loop),
-       // and it drops no `Py<T>` (see `on_frame_cached`), so pyo3's attach bookkeeping (about a
-       // third of a hit's cost) is only paid on the miss path, which calls Python.
+    );
+    // The hit path runs under a bare token: the GIL is held (we are called by the eval loop),
+    // and it drops no `Py<T>` (see `on_frame_cached`), so pyo3's attach bookkeeping (about a
+    // third of a hit's cost) is only paid on the miss path, which calls Python.
     let py = Python::assume_attached();
     let view = InterceptedFrame::new(py, tstate, frame);
     let cached = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -198,6 +199,29 @@ unsafe fn replaceable(tstate: *mut ffi::PyThreadState, frame: *mut InterpreterFr
         && (*frame).f_locals.is_null()
         && !version::frame_func(frame).is_null()
         && version::frame_is_stack_top(tstate, frame)
+        && args_bound(code, frame)
+}
+
+/// Every argument slot holds a value (always true for frames made by a call; checked so that
+/// the hit path and the frame view never meet an unbound slot).
+#[inline]
+unsafe fn args_bound(code: *const CodeHead, frame: *mut InterpreterFrame) -> bool {
+    let n = arg_count(&*code);
+    let slots = (*frame).localsplus.as_ptr();
+    (n as c_int) <= (*frame).stacktop && (0..n).all(|i| !(*slots.add(i)).is_null())
+}
+
+/// Positional and keyword-only parameters, plus one each for `*args` and `**kwargs`.
+#[inline]
+fn arg_count(c: &CodeHead) -> usize {
+    let mut n = (c.co_argcount + c.co_kwonlyargcount) as usize;
+    if c.co_flags & CO_VARARGS != 0 {
+        n += 1;
+    }
+    if c.co_flags & CO_VARKEYWORDS != 0 {
+        n += 1;
+    }
+    n
 }
 
 /// A frame the hook is deciding about, valid for the duration of the decision: the frame is
@@ -254,15 +278,7 @@ impl<'py> InterceptedFrame<'py> {
     /// `*args` and `**kwargs` where the code has them.
     pub fn arg_count(&self) -> usize {
         // SAFETY: see code_head.
-        let c = unsafe { &*self.code_head() };
-        let mut n = (c.co_argcount + c.co_kwonlyargcount) as usize;
-        if c.co_flags & CO_VARARGS != 0 {
-            n += 1;
-        }
-        if c.co_flags & CO_VARKEYWORDS != 0 {
-            n += 1;
-        }
-        n
+        arg_count(unsafe { &*self.code_head() })
     }
 
     /// The argument slots, borrowed from the frame (no references taken).
