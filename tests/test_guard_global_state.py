@@ -87,3 +87,38 @@ def test_grad_mode_is_per_thread():
         t.join()
         assert tree.check(()) is False
     assert seen == [True]
+
+
+FIRST_USE_IN_ODD_STATE = r"""
+import torch
+from ferrodyn import _C
+torch.set_default_dtype(torch.float64)
+torch.use_deterministic_algorithms(True, warn_only=True)
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+    before = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_autocast_enabled("cpu"),
+              torch.get_autocast_dtype("cpu"))
+    with torch.inference_mode():
+        assert _C.tensor_fast_path(), _C._tensor_fast_path_failure()  # calibration happens here
+    b = _C.GuardBuilder()
+    b.global_state()  # the readers are verified here, toggling and restoring the state
+    tree = b.build()
+    after = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_autocast_enabled("cpu"),
+             torch.get_autocast_dtype("cpu"))
+    assert before == after, (before, after)
+    assert _C._global_state_fast_path()
+    assert tree.check(()), tree.explain(())
+assert tree.explain(()) == "torch.is_grad_enabled() == False (got True)"
+print("ok")
+"""
+
+
+def test_first_use_in_a_changed_state_restores_it():
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_USE_IN_ODD_STATE], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

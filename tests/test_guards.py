@@ -378,3 +378,33 @@ def test_type_is_needs_a_type():
     b = _C.GuardBuilder()
     with pytest.raises(TypeError, match="needs a type"):
         b.type_is(b.local(0, "x"), 3)
+
+
+def test_no_reference_leaks_on_success_failure_and_explain():
+    import sys
+
+    import torch
+
+    class M:
+        pass
+
+    m = M()
+    m.p = {"w": torch.randn(2)}
+    t = torch.randn(3)
+    b = _C.GuardBuilder(globals())
+    x, y = b.local(0, "x"), b.local(1, "y")
+    b.tensor_match(x, t)
+    b.type_is(y, M)
+    w = b.item(b.item(b.dict_of(y), "p"), "w")
+    b.tensor_match(w, m.p["w"])
+    b.equals(b.tensor_size(w, 0), 2)
+    b.is_not_none(b.global_("FLAG"))
+    tree = b.build()
+    good, bad = (t, m), (torch.randn(4), m)
+    objs = [t, m, m.p, m.p["w"], FLAG]
+    before = [sys.getrefcount(o) for o in objs]
+    for _ in range(2000):
+        assert tree.check(good) and tree.check({"x": t, "y": m})
+        assert not tree.check(bad)
+        assert tree.explain(bad) is not None
+    assert [sys.getrefcount(o) for o in objs] == before

@@ -134,7 +134,8 @@ pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Opti
         }
         // The mask only has bits in the `flags_len` bitfield bytes; the 4-byte read stays inside
         // the TensorImpl (key_set_ follows the bitfields).
-        let policy = u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
+        let policy =
+            u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
         let keys = *(imp.add(l.keys) as *const u64);
         let dtype = *(imp.add(l.dtype) as *const u16);
         let mut device = [0u8; 3];
@@ -146,16 +147,30 @@ pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Opti
         }
         let (sizes, strides) = if n <= 5 {
             let base = sas.add(8) as *const i64;
-            (std::slice::from_raw_parts(base, n), std::slice::from_raw_parts(base.add(5), n))
+            (
+                std::slice::from_raw_parts(base, n),
+                std::slice::from_raw_parts(base.add(5), n),
+            )
         } else {
             let base = *(sas.add(8) as *const *const i64);
             if base.is_null() {
                 return None;
             }
-            (std::slice::from_raw_parts(base, n), std::slice::from_raw_parts(base.add(n), n))
+            (
+                std::slice::from_raw_parts(base, n),
+                std::slice::from_raw_parts(base.add(n), n),
+            )
         };
         let requires_grad = impl_requires_grad(imp, l, true);
-        Some(TensorRaw { keys, dtype, device, policy, sizes, strides, requires_grad })
+        Some(TensorRaw {
+            keys,
+            dtype,
+            device,
+            policy,
+            sizes,
+            strides,
+            requires_grad,
+        })
     }
 }
 
@@ -207,8 +222,14 @@ pub fn object_words(obj: &Bound<'_, PyAny>, n: usize) -> Vec<usize> {
 /// A copy of the first `n` (<= IMPL_SCAN) bytes of the TensorImpl of `obj`, provided `obj` is a
 /// TensorBase instance whose word at `cdata` (inside its basic size) equals `expect_impl` (the
 /// `_cdata` Python reports for it).
-pub fn impl_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, n: usize) -> Option<Vec<u8>> {
-    if n > IMPL_SCAN || cdata % 8 != 0 || !is_tensor(obj.as_ptr(), tensor_base) {
+pub fn impl_bytes(
+    obj: &Bound<'_, PyAny>,
+    tensor_base: usize,
+    cdata: usize,
+    expect_impl: usize,
+    n: usize,
+) -> Option<Vec<u8>> {
+    if n > IMPL_SCAN || !cdata.is_multiple_of(8) || !is_tensor(obj.as_ptr(), tensor_base) {
         return None;
     }
     let words = object_words(obj, cdata / 8 + 1);
@@ -222,13 +243,20 @@ pub fn impl_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expe
 
 /// A copy of the first `n` (<= AUTOGRAD_SCAN) bytes of the object that the word at `am` of the
 /// TensorImpl of `obj` points to (checked as in [`impl_bytes`]); None if null.
-pub fn autograd_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, am: usize, n: usize) -> Option<Vec<u8>> {
-    if n > AUTOGRAD_SCAN || am % 8 != 0 {
+pub fn autograd_bytes(
+    obj: &Bound<'_, PyAny>,
+    tensor_base: usize,
+    cdata: usize,
+    expect_impl: usize,
+    am: usize,
+    n: usize,
+) -> Option<Vec<u8>> {
+    if n > AUTOGRAD_SCAN || !am.is_multiple_of(8) {
         return None;
     }
     let imp = impl_bytes(obj, tensor_base, cdata, expect_impl, am + 8)?;
     let p = usize::from_le_bytes(imp[am..am + 8].try_into().ok()?);
-    if p == 0 || p % 8 != 0 {
+    if p == 0 || !p.is_multiple_of(8) {
         return None;
     }
     // SAFETY: calibration only calls this with `am` located as the unique word that is null
@@ -239,7 +267,15 @@ pub fn autograd_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, 
 /// A copy of the first `n` (<= VIEW_SCAN) bytes of the autograd metadata of `obj` (checked as
 /// in [`autograd_bytes`]), provided its first word is `view_vtable` (a DifferentiableViewMeta,
 /// which is larger than VIEW_SCAN).
-pub fn view_meta_bytes(obj: &Bound<'_, PyAny>, tensor_base: usize, cdata: usize, expect_impl: usize, am: usize, view_vtable: usize, n: usize) -> Option<Vec<u8>> {
+pub fn view_meta_bytes(
+    obj: &Bound<'_, PyAny>,
+    tensor_base: usize,
+    cdata: usize,
+    expect_impl: usize,
+    am: usize,
+    view_vtable: usize,
+    n: usize,
+) -> Option<Vec<u8>> {
     if n > VIEW_SCAN {
         return None;
     }
@@ -336,8 +372,14 @@ impl StateFns {
         let dd = sym(c10, c"_ZN3c1017get_default_dtypeEv")?;
         let gc = sym(cpu, c"_ZN2at13globalContextEv")?;
         let det = sym(cpu, c"_ZNK2at7Context23deterministicAlgorithmsEv")?;
-        let ace = sym(cpu, c"_ZN2at8autocast19is_autocast_enabledEN3c1010DeviceTypeE")?;
-        let acd = sym(cpu, c"_ZN2at8autocast18get_autocast_dtypeEN3c1010DeviceTypeE")?;
+        let ace = sym(
+            cpu,
+            c"_ZN2at8autocast19is_autocast_enabledEN3c1010DeviceTypeE",
+        )?;
+        let acd = sym(
+            cpu,
+            c"_ZN2at8autocast18get_autocast_dtypeEN3c1010DeviceTypeE",
+        )?;
         // SAFETY: the symbols are the functions named above, whose C++ signatures match these
         // types (no arguments or scalar arguments, scalar results, no exceptions for the
         // device types we pass: those verified through Python first).
@@ -394,7 +436,11 @@ impl StateFns {
 /// itself (identity: exactly what a dict lookup accepts first). Guards keep one hint per
 /// accessor, so a frame's `f_locals` (built in `co_varnames` order every time) or a module's
 /// `_parameters` is read without hashing. None means "look it up normally".
-pub fn dict_get_at<'py>(d: &Bound<'py, pyo3::types::PyDict>, key: *mut ffi::PyObject, hint: usize) -> Option<Bound<'py, PyAny>> {
+pub fn dict_get_at<'py>(
+    d: &Bound<'py, pyo3::types::PyDict>,
+    key: *mut ffi::PyObject,
+    hint: usize,
+) -> Option<Bound<'py, PyAny>> {
     let mut pos = hint as ffi::Py_ssize_t;
     let mut k: *mut ffi::PyObject = std::ptr::null_mut();
     let mut v: *mut ffi::PyObject = std::ptr::null_mut();
@@ -410,7 +456,11 @@ pub fn dict_get_at<'py>(d: &Bound<'py, pyo3::types::PyDict>, key: *mut ffi::PyOb
 
 /// The entry position of the key that is `key` itself in an exact dict (scanning at most
 /// `limit` entries), for [`dict_get_at`] hints.
-pub fn dict_position_of(d: &Bound<'_, pyo3::types::PyDict>, key: *mut ffi::PyObject, limit: usize) -> Option<usize> {
+pub fn dict_position_of(
+    d: &Bound<'_, pyo3::types::PyDict>,
+    key: *mut ffi::PyObject,
+    limit: usize,
+) -> Option<usize> {
     let mut pos: ffi::Py_ssize_t = 0;
     let mut k: *mut ffi::PyObject = std::ptr::null_mut();
     let mut v: *mut ffi::PyObject = std::ptr::null_mut();

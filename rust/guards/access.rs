@@ -11,13 +11,21 @@ use crate::ffi::tensor as raw;
 
 /// One step of a path. Roots read the input; the rest read their parent's value.
 pub(crate) enum Access {
-    Local { index: usize, name: Py<PyString>, hint: DictHint },
+    Local {
+        index: usize,
+        name: Py<PyString>,
+        hint: DictHint,
+    },
     Global(Py<PyString>),
     Builtin(Py<PyString>),
     Closure(usize),
     Attr(Py<PyString>),
     /// `key` with, for int keys, the index used on exact lists and tuples.
-    Item { key: Py<PyAny>, index: Option<isize>, hint: DictHint },
+    Item {
+        key: Py<PyAny>,
+        index: Option<isize>,
+        hint: DictHint,
+    },
     DictOf,
     TypeOf,
     LenOf,
@@ -32,7 +40,7 @@ pub(crate) struct DictHint(AtomicUsize);
 
 const NO_HINT: usize = usize::MAX;
 /// Dicts longer than this are not scanned for a hint.
-const HINT_SCAN: usize = 256;
+const HINT_SCAN: usize = 64;
 
 impl DictHint {
     pub(crate) fn new() -> DictHint {
@@ -41,7 +49,11 @@ impl DictHint {
 
     /// `d[key]`, trying the remembered position first.
     #[inline]
-    fn get<'py>(&self, d: &Bound<'py, PyDict>, key: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    fn get<'py>(
+        &self,
+        d: &Bound<'py, PyDict>,
+        key: &Bound<'py, PyAny>,
+    ) -> Option<Bound<'py, PyAny>> {
         let h = self.0.load(Ordering::Relaxed);
         if h < NO_HINT - 1 {
             if let Some(v) = raw::dict_get_at(d, key.as_ptr(), h) {
@@ -151,12 +163,20 @@ impl Access {
                     if let Ok(t) = parent.cast_exact::<PyTuple>() {
                         let n = t.len() as isize;
                         let j = if i < 0 { i + n } else { i };
-                        return if (0..n).contains(&j) { t.get_item(j as usize).ok() } else { None };
+                        return if (0..n).contains(&j) {
+                            t.get_item(j as usize).ok()
+                        } else {
+                            None
+                        };
                     }
                     if let Ok(l) = parent.cast_exact::<PyList>() {
                         let n = l.len() as isize;
                         let j = if i < 0 { i + n } else { i };
-                        return if (0..n).contains(&j) { l.get_item(j as usize).ok() } else { None };
+                        return if (0..n).contains(&j) {
+                            l.get_item(j as usize).ok()
+                        } else {
+                            None
+                        };
                     }
                 }
                 if let Ok(d) = parent.cast_exact::<PyDict>() {
@@ -180,5 +200,37 @@ impl Access {
             }
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{quote, AccessKey};
+
+    #[test]
+    fn sources() {
+        let l = AccessKey::Local(0, "x".into()).source("", "");
+        assert_eq!(l, "L['x']");
+        assert_eq!(
+            AccessKey::Global("it's".into()).source("", ""),
+            "G['it\\'s']"
+        );
+        assert_eq!(AccessKey::Attr("w".into()).source(&l, ""), "L['x'].w");
+        assert_eq!(
+            AccessKey::Item("str:'k'".into()).source(&l, "'k'"),
+            "L['x']['k']"
+        );
+        assert_eq!(
+            AccessKey::TensorSize(-1).source(&l, ""),
+            "L['x'].size()[-1]"
+        );
+        assert_eq!(
+            AccessKey::TensorStride(2).source(&l, ""),
+            "L['x'].stride()[2]"
+        );
+        assert_eq!(AccessKey::TypeOf.source(&l, ""), "type(L['x'])");
+        assert_eq!(AccessKey::LenOf.source(&l, ""), "len(L['x'])");
+        assert_eq!(AccessKey::DictOf.source(&l, ""), "L['x'].__dict__");
+        assert_eq!(AccessKey::Closure(1).source("", &quote("c")), "C['c']");
     }
 }

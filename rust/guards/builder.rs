@@ -52,7 +52,9 @@ pub struct GuardBuilder {
 impl GuardBuilder {
     fn live(&self) -> Result<()> {
         if self.built {
-            Err(Error::Value("this GuardBuilder has already built its tree".into()))
+            Err(Error::Value(
+                "this GuardBuilder has already built its tree".into(),
+            ))
         } else {
             Ok(())
         }
@@ -60,12 +62,21 @@ impl GuardBuilder {
 
     fn own(&self, node: &GuardNode) -> Result<usize> {
         if node.builder != self.id {
-            return Err(Error::Value(format!("{} belongs to another GuardBuilder", node.source)));
+            return Err(Error::Value(format!(
+                "{} belongs to another GuardBuilder",
+                node.source
+            )));
         }
         Ok(node.index)
     }
 
-    fn node(&mut self, parent: Option<&GuardNode>, key: AccessKey, key_repr: &str, access: Access) -> Result<GuardNode> {
+    fn node(
+        &mut self,
+        parent: Option<&GuardNode>,
+        key: AccessKey,
+        key_repr: &str,
+        access: Access,
+    ) -> Result<GuardNode> {
         self.live()?;
         let p = match parent {
             Some(n) => Some(self.own(n)?),
@@ -77,13 +88,21 @@ impl GuardBuilder {
                 let psrc = p.map(|i| self.nodes[i].source.clone()).unwrap_or_default();
                 let source = key.source(&psrc, key_repr);
                 let i = self.nodes.len();
-                self.nodes.push(Node { access, parent: p, source });
+                self.nodes.push(Node {
+                    access,
+                    parent: p,
+                    source,
+                });
                 self.depth.push(p.map(|i| self.depth[i] + 1).unwrap_or(0));
                 self.keys.insert((p, key), i);
                 i
             }
         };
-        Ok(GuardNode { builder: self.id, index, source: self.nodes[index].source.clone() })
+        Ok(GuardNode {
+            builder: self.id,
+            index,
+            source: self.nodes[index].source.clone(),
+        })
     }
 
     fn leaf(&mut self, node: Option<&GuardNode>, kind: LeafKind, expr: String) -> Result<()> {
@@ -95,7 +114,13 @@ impl GuardBuilder {
         let depth = n.map(|i| self.depth[i]).unwrap_or(0);
         let source = n.map(|i| self.nodes[i].source.clone()).unwrap_or_default();
         let order = (kind.class(), depth, self.leaves.len());
-        self.leaves.push(Leaf { node: n, kind, expr, source, order });
+        self.leaves.push(Leaf {
+            node: n,
+            kind,
+            expr,
+            source,
+            order,
+        });
         Ok(())
     }
 }
@@ -104,7 +129,11 @@ impl GuardBuilder {
 impl GuardBuilder {
     #[new]
     #[pyo3(signature = (f_globals=None, f_builtins=None))]
-    fn py_new(py: Python<'_>, f_globals: Option<Bound<'_, PyDict>>, f_builtins: Option<Bound<'_, PyDict>>) -> PyResult<Self> {
+    fn py_new(
+        py: Python<'_>,
+        f_globals: Option<Bound<'_, PyDict>>,
+        f_builtins: Option<Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
         let builtins = match f_builtins {
             Some(b) => b.unbind(),
             None => PyModule::import(py, "builtins")?.dict().unbind(),
@@ -124,7 +153,11 @@ impl GuardBuilder {
     // -- accessors ------------------------------------------------------------------------
 
     fn local(&mut self, py: Python<'_>, index: usize, name: &str) -> Result<GuardNode> {
-        let access = Access::Local { index, name: PyString::intern(py, name).unbind(), hint: DictHint::new() };
+        let access = Access::Local {
+            index,
+            name: PyString::intern(py, name).unbind(),
+            hint: DictHint::new(),
+        };
         self.node(None, AccessKey::Local(index, name.to_owned()), "", access)
     }
 
@@ -139,10 +172,20 @@ impl GuardBuilder {
     }
 
     fn closure_cell(&mut self, index: usize, name: &str) -> Result<GuardNode> {
-        self.node(None, AccessKey::Closure(index), &quote(name), Access::Closure(index))
+        self.node(
+            None,
+            AccessKey::Closure(index),
+            &quote(name),
+            Access::Closure(index),
+        )
     }
 
-    fn attr(&mut self, py: Python<'_>, parent: PyRef<'_, GuardNode>, name: &str) -> Result<GuardNode> {
+    fn attr(
+        &mut self,
+        py: Python<'_>,
+        parent: PyRef<'_, GuardNode>,
+        name: &str,
+    ) -> Result<GuardNode> {
         let access = Access::Attr(PyString::intern(py, name).unbind());
         self.node(Some(&parent), AccessKey::Attr(name.to_owned()), "", access)
     }
@@ -153,8 +196,16 @@ impl GuardBuilder {
             Ok(_) => format!("{}:{}", super::leaves::type_name(key), repr),
             Err(_) => format!("id:{:#x}", key.as_ptr() as usize),
         };
-        let index = if key.is_exact_instance_of::<PyInt>() { key.extract::<isize>().ok() } else { None };
-        let access = Access::Item { key: key.clone().unbind(), index, hint: DictHint::new() };
+        let index = if key.is_exact_instance_of::<PyInt>() {
+            key.extract::<isize>().ok()
+        } else {
+            None
+        };
+        let access = Access::Item {
+            key: key.clone().unbind(),
+            index,
+            hint: DictHint::new(),
+        };
         self.node(Some(&parent), AccessKey::Item(dedup), &repr, access)
     }
 
@@ -171,11 +222,21 @@ impl GuardBuilder {
     }
 
     fn tensor_size(&mut self, parent: PyRef<'_, GuardNode>, dim: i64) -> Result<GuardNode> {
-        self.node(Some(&parent), AccessKey::TensorSize(dim), "", Access::TensorSize(dim))
+        self.node(
+            Some(&parent),
+            AccessKey::TensorSize(dim),
+            "",
+            Access::TensorSize(dim),
+        )
     }
 
     fn tensor_stride(&mut self, parent: PyRef<'_, GuardNode>, dim: i64) -> Result<GuardNode> {
-        self.node(Some(&parent), AccessKey::TensorStride(dim), "", Access::TensorStride(dim))
+        self.node(
+            Some(&parent),
+            AccessKey::TensorStride(dim),
+            "",
+            Access::TensorStride(dim),
+        )
     }
 
     // -- leaves ---------------------------------------------------------------------------
@@ -217,7 +278,10 @@ impl GuardBuilder {
 
     fn dict_keys(&mut self, node: PyRef<'_, GuardNode>, keys: &Bound<'_, PyAny>) -> Result<()> {
         let keys: Vec<Bound<'_, PyAny>> = keys.try_iter()?.collect::<PyResult<_>>()?;
-        let reprs = keys.iter().map(|k| k.repr().map(|r| r.to_string())).collect::<PyResult<Vec<_>>>()?;
+        let reprs = keys
+            .iter()
+            .map(|k| k.repr().map(|r| r.to_string()))
+            .collect::<PyResult<Vec<_>>>()?;
         let expr = format!("list({}.keys()) == [{}]", node.source, reprs.join(", "));
         let keys = keys.into_iter().map(|k| k.unbind()).collect();
         self.leaf(Some(&node), LeafKind::DictKeys(keys), expr)

@@ -36,11 +36,21 @@ impl Const {
         } else if let Ok(b) = v.cast_exact::<PyBytes>() {
             Ok(Const::Bytes(b.as_bytes().to_vec()))
         } else if let Ok(t) = v.cast_exact::<PyTuple>() {
-            let items = t.iter().map(|x| Const::from_py(&x)).collect::<Result<Vec<_>>>()?;
+            let items = t
+                .iter()
+                .map(|x| Const::from_py(&x))
+                .collect::<Result<Vec<_>>>()?;
             Ok(Const::Tuple(items))
         } else {
-            let r = v.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into());
-            let t = v.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            let r = v
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|_| "<unprintable>".into());
+            let t = v
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default();
             Err(Error::Type(format!(
                 "equals() takes None, bool, int, float, str, bytes or tuples of these; got {r} of type {t}"
             )))
@@ -52,8 +62,12 @@ impl Const {
         match self {
             Const::None => v.is_none(),
             Const::Bool(b) => v.is_exact_instance_of::<PyBool>() && v.is_truthy().ok() == Some(*b),
-            Const::Int(i) => v.is_exact_instance_of::<PyInt>() && v.extract::<i64>().ok() == Some(*i),
-            Const::BigInt(o) => v.is_exact_instance_of::<PyInt>() && v.eq(o.bind(v.py())).unwrap_or(false),
+            Const::Int(i) => {
+                v.is_exact_instance_of::<PyInt>() && v.extract::<i64>().ok() == Some(*i)
+            }
+            Const::BigInt(o) => {
+                v.is_exact_instance_of::<PyInt>() && v.eq(o.bind(v.py())).unwrap_or(false)
+            }
             Const::Float(f) => {
                 v.is_exact_instance_of::<PyFloat>()
                     && match v.extract::<f64>() {
@@ -71,8 +85,7 @@ impl Const {
             },
             Const::Tuple(items) => match v.cast_exact::<PyTuple>() {
                 Ok(t) => {
-                    t.len() == items.len()
-                        && items.iter().zip(t.iter()).all(|(c, x)| c.matches(&x))
+                    t.len() == items.len() && items.iter().zip(t.iter()).all(|(c, x)| c.matches(&x))
                 }
                 Err(_) => false,
             },

@@ -28,7 +28,10 @@ fn fns(py: Python<'_>) -> PyResult<&Fns> {
     FNS.get_or_try_init(py, || {
         let torch = py.import("torch")?;
         let c = torch.getattr("_C")?;
-        let cuda_available: bool = torch.getattr("cuda")?.call_method0("is_available")?.extract()?;
+        let cuda_available: bool = torch
+            .getattr("cuda")?
+            .call_method0("is_available")?
+            .extract()?;
         let mut devices = vec![("cpu", 0i8)];
         if cuda_available {
             devices.push(("cuda", 1));
@@ -46,7 +49,12 @@ fn fns(py: Python<'_>) -> PyResult<&Fns> {
         let lib = std::path::Path::new(&lib).with_file_name("lib");
         let path = |n: &str| lib.join(n).to_string_lossy().into_owned();
         if let Some(sf) = StateFns::resolve(&path("libc10.so"), &path("libtorch_cpu.so")) {
-            if verify(py, &f, &sf)? {
+            // A reader that cannot be verified (even one whose check raised) is not used.
+            // The state is put back as it was whatever happened.
+            let saved = save(py, &f)?;
+            let ok = verify(py, &f, &sf);
+            restore(py, &f, &saved)?;
+            if ok.unwrap_or(false) {
                 f.fast = Some(sf);
             }
         }
@@ -59,6 +67,50 @@ pub fn fast_path(py: Python<'_>) -> PyResult<bool> {
     Ok(fns(py)?.fast.is_some())
 }
 
+/// Everything `verify` toggles: grad mode, default dtype, deterministic (mode, warn_only),
+/// autocast (enabled, dtype) per device.
+type Saved = (
+    Py<PyAny>,
+    Py<PyAny>,
+    Py<PyAny>,
+    Py<PyAny>,
+    Vec<(Py<PyAny>, Py<PyAny>)>,
+);
+
+fn save(py: Python<'_>, f: &Fns) -> PyResult<Saved> {
+    let c = py.import("torch")?.getattr("_C")?;
+    let mut ac = Vec::new();
+    for &(dev, _) in &f.devices {
+        ac.push((
+            f.autocast_enabled.bind(py).call1((dev,))?.unbind(),
+            f.autocast_dtype.bind(py).call1((dev,))?.unbind(),
+        ));
+    }
+    Ok((
+        f.grad.bind(py).call0()?.unbind(),
+        f.default_dtype.bind(py).call0()?.unbind(),
+        f.deterministic.bind(py).call0()?.unbind(),
+        c.call_method0("_get_deterministic_algorithms_warn_only")?
+            .unbind(),
+        ac,
+    ))
+}
+
+fn restore(py: Python<'_>, f: &Fns, s: &Saved) -> PyResult<()> {
+    let torch = py.import("torch")?;
+    let c = torch.getattr("_C")?;
+    c.call_method1("_set_grad_enabled", (&s.0,))?;
+    torch.call_method1("set_default_dtype", (&s.1,))?;
+    let kw = pyo3::types::PyDict::new(py);
+    kw.set_item("warn_only", &s.3)?;
+    c.call_method("_set_deterministic_algorithms", (&s.2,), Some(&kw))?;
+    for (&(dev, _), (en, dt)) in f.devices.iter().zip(&s.4) {
+        c.call_method1("set_autocast_enabled", (dev, en))?;
+        c.call_method1("set_autocast_dtype", (dev, dt))?;
+    }
+    Ok(())
+}
+
 /// Each direct reader must agree with the Python API in two states of what it reads.
 fn verify(py: Python<'_>, f: &Fns, sf: &StateFns) -> PyResult<bool> {
     let torch = py.import("torch")?;
@@ -68,26 +120,32 @@ fn verify(py: Python<'_>, f: &Fns, sf: &StateFns) -> PyResult<bool> {
     let g: bool = f.grad.bind(py).call0()?.extract()?;
     ok &= sf.grad_enabled() == g;
     c.call_method1("_set_grad_enabled", (!g,))?;
-    ok &= sf.grad_enabled() == !g;
+    ok &= sf.grad_enabled() != g;
     c.call_method1("_set_grad_enabled", (g,))?;
     ok &= sf.grad_enabled() == g;
     // Default dtype: the code must change with it and come back.
     let d0 = f.default_dtype.bind(py).call0()?;
     let r0 = sf.default_dtype();
     let f64_ = torch.getattr("float64")?;
-    let other = if d0.is(&f64_) { torch.getattr("float32")? } else { f64_ };
+    let other = if d0.is(&f64_) {
+        torch.getattr("float32")?
+    } else {
+        f64_
+    };
     torch.call_method1("set_default_dtype", (&other,))?;
     let r1 = sf.default_dtype();
     torch.call_method1("set_default_dtype", (&d0,))?;
     ok &= r1 != r0 && sf.default_dtype() == r0;
     // Deterministic algorithms (keep warn_only as it was).
     let det: bool = f.deterministic.bind(py).call0()?.extract()?;
-    let warn: bool = c.call_method0("_get_deterministic_algorithms_warn_only")?.extract()?;
+    let warn: bool = c
+        .call_method0("_get_deterministic_algorithms_warn_only")?
+        .extract()?;
     ok &= sf.deterministic() == det;
     let kw = pyo3::types::PyDict::new(py);
     kw.set_item("warn_only", warn)?;
     c.call_method("_set_deterministic_algorithms", (!det,), Some(&kw))?;
-    ok &= sf.deterministic() == !det;
+    ok &= sf.deterministic() != det;
     c.call_method("_set_deterministic_algorithms", (det,), Some(&kw))?;
     ok &= sf.deterministic() == det;
     // Autocast per device type.
@@ -95,12 +153,16 @@ fn verify(py: Python<'_>, f: &Fns, sf: &StateFns) -> PyResult<bool> {
         let (en, dt) = autocast_now(py, f, dev)?;
         ok &= sf.autocast_enabled(code) == en;
         c.call_method1("set_autocast_enabled", (dev, !en))?;
-        ok &= sf.autocast_enabled(code) == !en;
+        ok &= sf.autocast_enabled(code) != en;
         c.call_method1("set_autocast_enabled", (dev, en))?;
         ok &= sf.autocast_enabled(code) == en;
         let r0 = sf.autocast_dtype(code);
         let bf16 = torch.getattr("bfloat16")?;
-        let other = if dt.is(&bf16) { torch.getattr("float16")? } else { bf16 };
+        let other = if dt.is(&bf16) {
+            torch.getattr("float16")?
+        } else {
+            bf16
+        };
         c.call_method1("set_autocast_dtype", (dev, &other))?;
         let r1 = sf.autocast_dtype(code);
         c.call_method1("set_autocast_dtype", (dev, &dt))?;
@@ -141,8 +203,15 @@ fn now<'py>(py: Python<'py>, f: &Fns) -> PyResult<Now<'py>> {
     })
 }
 
-fn autocast_now<'py>(py: Python<'py>, f: &Fns, device: &str) -> PyResult<(bool, Bound<'py, PyAny>)> {
-    Ok((f.autocast_enabled.bind(py).call1((device,))?.extract()?, f.autocast_dtype.bind(py).call1((device,))?))
+fn autocast_now<'py>(
+    py: Python<'py>,
+    f: &Fns,
+    device: &str,
+) -> PyResult<(bool, Bound<'py, PyAny>)> {
+    Ok((
+        f.autocast_enabled.bind(py).call1((device,))?.extract()?,
+        f.autocast_dtype.bind(py).call1((device,))?,
+    ))
 }
 
 fn b(x: bool) -> &'static str {
@@ -165,7 +234,13 @@ impl Snapshot {
         for &(d, code) in &f.devices {
             let (enabled, dtype) = autocast_now(py, f, d)?;
             let dtype_raw = f.fast.map(|sf| sf.autocast_dtype(code)).unwrap_or(0);
-            autocast.push(Autocast { device: d, code, enabled, dtype: dtype.unbind(), dtype_raw });
+            autocast.push(Autocast {
+                device: d,
+                code,
+                enabled,
+                dtype: dtype.unbind(),
+                dtype_raw,
+            });
         }
         Ok(Snapshot {
             grad: n.grad,
@@ -182,7 +257,14 @@ impl Snapshot {
             let ac: Vec<String> = self
                 .autocast
                 .iter()
-                .map(|a| format!("autocast_{}=({}, {})", a.device, b(a.enabled), s(a.dtype.bind(py))))
+                .map(|a| {
+                    format!(
+                        "autocast_{}=({}, {})",
+                        a.device,
+                        b(a.enabled),
+                        s(a.dtype.bind(py))
+                    )
+                })
                 .collect();
             format!(
                 "global_state(grad_enabled={}, default_dtype={}, deterministic_algorithms={}, {})",
@@ -201,10 +283,13 @@ impl Snapshot {
                 && sf.default_dtype() == self.default_dtype_raw
                 && sf.deterministic() == self.deterministic
                 && self.autocast.iter().all(|a| {
-                    sf.autocast_enabled(a.code) == a.enabled && sf.autocast_dtype(a.code) == a.dtype_raw
+                    sf.autocast_enabled(a.code) == a.enabled
+                        && sf.autocast_dtype(a.code) == a.dtype_raw
                 });
         }
-        self.first_difference(py).map(|d| d.is_none()).unwrap_or(false)
+        self.first_difference(py)
+            .map(|d| d.is_none())
+            .unwrap_or(false)
     }
 
     /// None if the state is as captured, else "expr (got ...)".
@@ -212,11 +297,17 @@ impl Snapshot {
         let f = fns(py)?;
         let n = now(py, f)?;
         if n.grad != self.grad {
-            return Ok(Some(format!("torch.is_grad_enabled() == {} (got {})", b(self.grad), b(n.grad))));
+            return Ok(Some(format!(
+                "torch.is_grad_enabled() == {} (got {})",
+                b(self.grad),
+                b(n.grad)
+            )));
         }
         if !n.default_dtype.is(self.default_dtype.bind(py)) {
             let (want, got) = (s(self.default_dtype.bind(py)), s(&n.default_dtype));
-            return Ok(Some(format!("torch.get_default_dtype() == {want} (got {got})")));
+            return Ok(Some(format!(
+                "torch.get_default_dtype() == {want} (got {got})"
+            )));
         }
         if n.deterministic != self.deterministic {
             return Ok(Some(format!(

@@ -1,8 +1,8 @@
 //! Leaf checks and their lazily built explanations. Each leaf knows its source expression;
 //! `check` is the hot path, `explain` runs only after a failure.
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyWeakrefReference};
 use pyo3::types::PyWeakrefMethods;
+use pyo3::types::{PyDict, PyWeakrefReference};
 
 use super::consts::{is_showable, Const};
 use super::global_state::Snapshot;
@@ -11,7 +11,10 @@ use crate::tensor::TensorSpec;
 /// An object held for identity comparison: weakly where it can be (the guard fails once it
 /// died and never keeps it alive), strongly otherwise (ints, None, tuples...).
 pub(crate) enum IdRef {
-    Weak { addr: usize, r: Py<PyWeakrefReference> },
+    Weak {
+        addr: usize,
+        r: Py<PyWeakrefReference>,
+    },
     Strong(Py<PyAny>),
 }
 
@@ -24,7 +27,10 @@ impl IdRef {
 
     pub(crate) fn new(obj: &Bound<'_, PyAny>) -> IdRef {
         match PyWeakrefReference::new(obj) {
-            Ok(r) => IdRef::Weak { addr: obj.as_ptr() as usize, r: r.unbind() },
+            Ok(r) => IdRef::Weak {
+                addr: obj.as_ptr() as usize,
+                r: r.unbind(),
+            },
             Err(_) => IdRef::Strong(obj.clone().unbind()),
         }
     }
@@ -100,7 +106,9 @@ impl Leaf {
     pub(crate) fn explain(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> String {
         let got = |x: &Bound<'_, PyAny>| -> String {
             if is_showable(x) {
-                x.repr().map(|r| format!(" (got {})", short(&r.to_string()))).unwrap_or_default()
+                x.repr()
+                    .map(|r| format!(" (got {})", short(&r.to_string())))
+                    .unwrap_or_default()
             } else {
                 format!(" (got an object of type {})", type_name(x))
             }
@@ -124,7 +132,11 @@ impl Leaf {
             LeafKind::IsNotNone => self.expr.clone(),
             LeafKind::LengthIs(_) => match v.len() {
                 Ok(n) => format!("{} (got {n})", self.expr),
-                Err(_) => format!("{} (got an object of type {} without len())", self.expr, type_name(v)),
+                Err(_) => format!(
+                    "{} (got an object of type {} without len())",
+                    self.expr,
+                    type_name(v)
+                ),
             },
             LeafKind::DictKeys(_) => match v.cast_exact::<PyDict>() {
                 Ok(d) => {
@@ -151,9 +163,10 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         LeafKind::DictKeys(keys) => match v.cast_exact::<PyDict>() {
             Ok(d) => {
                 d.len() == keys.len()
-                    && d.keys().iter().zip(keys.iter()).all(|(k, e)| {
-                        k.as_ptr() == e.as_ptr() || k.eq(e.bind(py)).unwrap_or(false)
-                    })
+                    && d.keys()
+                        .iter()
+                        .zip(keys.iter())
+                        .all(|(k, e)| k.as_ptr() == e.as_ptr() || k.eq(e.bind(py)).unwrap_or(false))
             }
             Err(_) => false,
         },
@@ -163,13 +176,19 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
 }
 
 pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
-    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// A short, safe description of an object: its repr for constants, else type and address.
 pub(crate) fn describe_obj(v: &Bound<'_, PyAny>) -> String {
     if let Ok(t) = v.cast::<pyo3::types::PyType>() {
-        return t.name().map(|n| n.to_string()).unwrap_or_else(|_| "<type>".into());
+        return t
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "<type>".into());
     }
     if is_showable(v) {
         v.repr().map(|r| short(&r.to_string())).unwrap_or_default()

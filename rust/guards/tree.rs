@@ -32,13 +32,23 @@ impl GuardTree {
         self.first_failure(py, input).is_none()
     }
 
-    fn first_failure<'py>(&self, py: Python<'py>, input: &GuardInput<'_, 'py>) -> Option<(usize, Vec<Val<'py>>)> {
+    fn first_failure<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+    ) -> Option<(usize, Vec<Val<'py>>)> {
         // Small trees keep their per-check memo on the stack (no allocation per check).
         const STACK: usize = 24;
         if self.nodes.len() <= STACK {
             let mut memo: [Val<'py>; STACK] = std::array::from_fn(|_| None);
             let i = self.run(py, input, &mut memo[..self.nodes.len()])?;
-            return Some((i, memo[..self.nodes.len()].iter_mut().map(std::mem::take).collect()));
+            return Some((
+                i,
+                memo[..self.nodes.len()]
+                    .iter_mut()
+                    .map(std::mem::take)
+                    .collect(),
+            ));
         }
         let mut memo: Vec<Val<'py>> = (0..self.nodes.len()).map(|_| None).collect();
         let i = self.run(py, input, &mut memo)?;
@@ -47,7 +57,12 @@ impl GuardTree {
 
     /// Evaluate the leaves in order; the index of the first failing one.
     #[inline]
-    fn run<'py>(&self, py: Python<'py>, input: &GuardInput<'_, 'py>, memo: &mut [Val<'py>]) -> Option<usize> {
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        memo: &mut [Val<'py>],
+    ) -> Option<usize> {
         let defaults = Defaults {
             globals: self.globals.as_ref().map(|g| g.bind(py)),
             builtins: self.builtins.as_ref().map(|b| b.bind(py)),
@@ -119,7 +134,10 @@ impl GuardTree {
                         .find(|&&k| matches!(memo[k], Some(None)))
                         .copied()
                         .unwrap_or(n);
-                    format!("{} ({} could not be read)", leaf.expr, self.nodes[bad].source)
+                    format!(
+                        "{} ({} could not be read)",
+                        leaf.expr, self.nodes[bad].source
+                    )
                 }
             },
         };
@@ -151,7 +169,12 @@ macro_rules! with_input {
             LocalsArg::Tuple(t) => Locals::Slots(Slots::from_tuple(t)),
             LocalsArg::Mapping(m) => Locals::Mapping(m),
         };
-        let $input = GuardInput { locals, globals: $g.as_ref(), builtins: $b.as_ref(), closure: $c.as_ref() };
+        let $input = GuardInput {
+            locals,
+            globals: $g.as_ref(),
+            builtins: $b.as_ref(),
+            closure: $c.as_ref(),
+        };
         $body
     }};
 }
@@ -167,7 +190,9 @@ impl GuardTree {
         f_builtins: Option<Bound<'_, PyDict>>,
         closure: Option<Bound<'_, PyTuple>>,
     ) -> PyResult<bool> {
-        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(self.check_input(py, &input)))
+        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(
+            self.check_input(py, &input)
+        ))
     }
 
     #[pyo3(signature = (f_locals, f_globals=None, f_builtins=None, closure=None))]
@@ -179,7 +204,9 @@ impl GuardTree {
         f_builtins: Option<Bound<'_, PyDict>>,
         closure: Option<Bound<'_, PyTuple>>,
     ) -> PyResult<Option<String>> {
-        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(self.explain_input(py, &input)))
+        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(
+            self.explain_input(py, &input)
+        ))
     }
 
     fn leaves(&self) -> Vec<String> {
@@ -191,6 +218,10 @@ impl GuardTree {
     }
 
     fn __repr__(&self) -> String {
-        format!("<GuardTree: {} leaves on {} accessors>", self.leaves.len(), self.nodes.len())
+        format!(
+            "<GuardTree: {} leaves on {} accessors>",
+            self.leaves.len(),
+            self.nodes.len()
+        )
     }
 }

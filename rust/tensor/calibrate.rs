@@ -34,10 +34,26 @@ fn unique(mut c: Vec<usize>, what: &str) -> Result<usize, String> {
 
 pub(crate) fn samples_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     let code = CString::new(include_str!("samples.py")).expect("no NUL in samples.py");
-    PyModule::from_code(py, &code, c"<ferrodyn tensor samples>", c"ferrodyn._tensor_samples")
+    PyModule::from_code(
+        py,
+        &code,
+        c"<ferrodyn tensor samples>",
+        c"ferrodyn._tensor_samples",
+    )
 }
 
-pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
+/// Calibrate; never fails: any problem leaves the fast path off, with the reason.
+pub(crate) fn calibrate(py: Python<'_>) -> Calibration {
+    calibrate_or_err(py).unwrap_or_else(|e| Calibration {
+        layout: None,
+        failure: Some(format!("calibration raised {e}")),
+        dtypes: Vec::new(),
+        device_types: Vec::new(),
+        non_plain_keys: u64::MAX,
+    })
+}
+
+fn calibrate_or_err(py: Python<'_>) -> PyResult<Calibration> {
     let m = samples_module(py)?;
     let torch = py.import("torch")?;
     let base = torch.getattr("_C")?.getattr("TensorBase")?;
@@ -51,7 +67,9 @@ pub(crate) fn calibrate(py: Python<'_>) -> PyResult<Calibration> {
         device_types: Vec::new(),
         non_plain_keys,
     };
-    match locate(py, &m, base_ptr, tensor_type, &mut cal).and_then(|l| verify(py, &m, &l, &cal).map(|_| l)) {
+    match locate(py, &m, base_ptr, tensor_type, &mut cal)
+        .and_then(|l| verify(py, &m, &l, &cal).map(|_| l))
+    {
         Ok(l) => {
             if raw::install_layout(l) {
                 cal.layout = Some(l);
@@ -71,17 +89,37 @@ struct Probe<'py> {
 }
 
 fn probe<'py>(m: &Bound<'py, PyModule>, t: Bound<'py, PyAny>) -> Result<Probe<'py>, String> {
-    let d = m.call_method1("describe", (&t,)).map_err(|e| e.to_string())?;
+    let d = m
+        .call_method1("describe", (&t,))
+        .map_err(|e| e.to_string())?;
     let d = d.cast_into::<PyDict>().map_err(|e| e.to_string())?;
-    let imp = d.get_item("impl").ok().flatten().and_then(|v| v.extract::<usize>().ok()).ok_or("no _cdata")?;
+    let imp = d
+        .get_item("impl")
+        .ok()
+        .flatten()
+        .and_then(|v| v.extract::<usize>().ok())
+        .ok_or("no _cdata")?;
     Ok(Probe { t, d, imp })
 }
 
-fn get<'py, T: for<'a> pyo3::FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, k: &str) -> Result<T, String> {
-    d.get_item(k).ok().flatten().and_then(|v| v.extract::<T>().ok()).ok_or_else(|| format!("calibration: bad {k}"))
+fn get<'py, T: for<'a> pyo3::FromPyObject<'a, 'py>>(
+    d: &Bound<'py, PyDict>,
+    k: &str,
+) -> Result<T, String> {
+    d.get_item(k)
+        .ok()
+        .flatten()
+        .and_then(|v| v.extract::<T>().ok())
+        .ok_or_else(|| format!("calibration: bad {k}"))
 }
 
-fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usize, cal: &mut Calibration) -> Result<TensorLayout, String> {
+fn locate(
+    py: Python<'_>,
+    m: &Bound<'_, PyModule>,
+    base: usize,
+    tensor_type: usize,
+    cal: &mut Calibration,
+) -> Result<TensorLayout, String> {
     let e = |e: PyErr| e.to_string();
     let probes = m.call_method0("probes").map_err(e)?;
     let item = |k: &str| probes.get_item(k).map_err(|e| e.to_string());
@@ -90,21 +128,42 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
 
     // THPVariable: the word holding the TensorImpl*.
     let ow = raw::object_words(&strided.t, 8);
-    let cdata = unique((2..ow.len()).filter(|&i| ow[i] == strided.imp).map(|i| i * 8).collect(), "THPVariable.cdata")?;
+    let cdata = unique(
+        (2..ow.len())
+            .filter(|&i| ow[i] == strided.imp)
+            .map(|i| i * 8)
+            .collect(),
+        "THPVariable.cdata",
+    )?;
     let pw = raw::object_words(&plain.t, 8);
     if pw.get(cdata / 8) != Some(&plain.imp) {
         return Err("calibration: cdata offset differs between tensors".into());
     }
-    let bytes = |p: &Probe<'_>| raw::impl_bytes(&p.t, base, cdata, p.imp, IMPL_SCAN).ok_or("calibration: cannot read TensorImpl");
+    let bytes = |p: &Probe<'_>| {
+        raw::impl_bytes(&p.t, base, cdata, p.imp, IMPL_SCAN)
+            .ok_or("calibration: cannot read TensorImpl")
+    };
     let sb = bytes(&strided)?;
 
     // SizesAndStrides: size_ = 3, then sizes (11, 13, 17) inline, strides (1009, 101, 7) at +5.
     let want = |o: usize| {
         w64(&sb, o) == 3
-            && [11, 13, 17].iter().enumerate().all(|(i, &v)| w64(&sb, o + 8 + 8 * i) == v)
-            && [1009, 101, 7].iter().enumerate().all(|(i, &v)| w64(&sb, o + 48 + 8 * i) == v)
+            && [11, 13, 17]
+                .iter()
+                .enumerate()
+                .all(|(i, &v)| w64(&sb, o + 8 + 8 * i) == v)
+            && [1009, 101, 7]
+                .iter()
+                .enumerate()
+                .all(|(i, &v)| w64(&sb, o + 48 + 8 * i) == v)
     };
-    let sas = unique((16..IMPL_SCAN - 88).step_by(8).filter(|&o| want(o)).collect(), "sizes_and_strides_")?;
+    let sas = unique(
+        (16..IMPL_SCAN - 88)
+            .step_by(8)
+            .filter(|&o| want(o))
+            .collect(),
+        "sizes_and_strides_",
+    )?;
     // storage_offset_ and numel_ follow; then data_type_, device_opt_, the bitfields.
     if w64(&sb, sas + 88) != 3 || w64(&sb, sas + 96) != 11 * 13 * 17 {
         return Err("calibration: storage_offset_/numel_ not where expected".into());
@@ -114,13 +173,23 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
     let flags = device + 3;
 
     // key_set_: the first aligned word after the bitfields equal to every sample's raw keys.
-    let keyed: Vec<Probe<'_>> = item("keyed")?.try_iter().map_err(e)?.map(|t| probe(m, t.map_err(|e| e.to_string())?)).collect::<Result<_, _>>()?;
+    let keyed: Vec<Probe<'_>> = item("keyed")?
+        .try_iter()
+        .map_err(e)?
+        .map(|t| probe(m, t.map_err(|e| e.to_string())?))
+        .collect::<Result<_, _>>()?;
     let kb: Vec<(Vec<u8>, u64)> = keyed
         .iter()
         .map(|p| Ok((bytes(p)?, get::<u64>(&p.d, "dispatch_keys")?)))
         .collect::<Result<_, String>>()?;
-    let start = (flags + 7) / 8 * 8;
-    let keys = unique((start..=IMPL_SCAN - 8).step_by(8).filter(|&o| kb.iter().all(|(b, k)| w64(b, o) == *k)).collect(), "key_set_")?;
+    let start = flags.div_ceil(8) * 8;
+    let keys = unique(
+        (start..=IMPL_SCAN - 8)
+            .step_by(8)
+            .filter(|&o| kb.iter().all(|(b, k)| w64(b, o) == *k))
+            .collect(),
+        "key_set_",
+    )?;
     let flags_len = keys - flags;
     if !(1..=4).contains(&flags_len) {
         return Err(format!("calibration: {flags_len} bytes of bitfields"));
@@ -136,8 +205,12 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
     let wflags = |k: &str| -> Result<u32, String> {
         // Only `_cdata` here: sizes of a custom-policy wrapper are answered by its dispatch.
         let t = wr.get_item(k).map_err(|e| e.to_string())?;
-        let imp = t.getattr("_cdata").and_then(|v| v.extract::<usize>()).map_err(|e| e.to_string())?;
-        let b = raw::impl_bytes(&t, base, cdata, imp, IMPL_SCAN).ok_or("calibration: cannot read a wrapper")?;
+        let imp = t
+            .getattr("_cdata")
+            .and_then(|v| v.extract::<usize>())
+            .map_err(|e| e.to_string())?;
+        let b = raw::impl_bytes(&t, base, cdata, imp, IMPL_SCAN)
+            .ok_or("calibration: cannot read a wrapper")?;
         Ok(flag_word(&b))
     };
     let none = wflags("none")?;
@@ -154,23 +227,45 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
     }
 
     // autograd_meta_: null without autograd metadata, set on a leaf that requires grad.
-    let leaves: Vec<Probe<'_>> = item("leaves")?.try_iter().map_err(e)?.map(|t| probe(m, t.map_err(|e| e.to_string())?)).collect::<Result<_, _>>()?;
-    let nonleaves: Vec<Probe<'_>> = item("nonleaves")?.try_iter().map_err(e)?.map(|t| probe(m, t.map_err(|e| e.to_string())?)).collect::<Result<_, _>>()?;
+    let leaves: Vec<Probe<'_>> = item("leaves")?
+        .try_iter()
+        .map_err(e)?
+        .map(|t| probe(m, t.map_err(|e| e.to_string())?))
+        .collect::<Result<_, _>>()?;
+    let nonleaves: Vec<Probe<'_>> = item("nonleaves")?
+        .try_iter()
+        .map_err(e)?
+        .map(|t| probe(m, t.map_err(|e| e.to_string())?))
+        .collect::<Result<_, _>>()?;
     let pb = bytes(&plain)?;
     let lb: Vec<Vec<u8>> = leaves.iter().map(&bytes).collect::<Result<_, _>>()?;
     let am = unique(
-        (8..sas).step_by(8).filter(|&o| w64(&pb, o) == 0 && lb.iter().all(|b| w64(b, o) != 0)).filter(|&o| o != cdata).collect(),
+        (8..sas)
+            .step_by(8)
+            .filter(|&o| w64(&pb, o) == 0 && lb.iter().all(|b| w64(b, o) != 0))
+            .filter(|&o| o != cdata)
+            .collect(),
         "autograd_meta_",
     )?;
-    let amb = |p: &Probe<'_>| raw::autograd_bytes(&p.t, base, cdata, p.imp, am, AUTOGRAD_SCAN).ok_or("calibration: cannot read AutogradMeta");
+    let amb = |p: &Probe<'_>| {
+        raw::autograd_bytes(&p.t, base, cdata, p.imp, am, AUTOGRAD_SCAN)
+            .ok_or("calibration: cannot read AutogradMeta")
+    };
     let la: Vec<Vec<u8>> = leaves.iter().map(amb).collect::<Result<_, _>>()?;
     let na: Vec<Vec<u8>> = nonleaves.iter().map(amb).collect::<Result<_, _>>()?;
     let am_vtable = w64(&la[0], 0) as usize;
-    if la.iter().chain(na.iter()).any(|b| w64(b, 0) as usize != am_vtable) {
+    if la
+        .iter()
+        .chain(na.iter())
+        .any(|b| w64(b, 0) as usize != am_vtable)
+    {
         return Err("calibration: AutogradMeta vtables differ".into());
     }
     let am_grad_fn = unique(
-        (8..AUTOGRAD_SCAN - 8).step_by(8).filter(|&o| la.iter().all(|b| w64(b, o) == 0) && na.iter().all(|b| w64(b, o) != 0)).collect(),
+        (8..AUTOGRAD_SCAN - 8)
+            .step_by(8)
+            .filter(|&o| la.iter().all(|b| w64(b, o) == 0) && na.iter().all(|b| w64(b, o) != 0))
+            .collect(),
         "AutogradMeta.grad_fn_",
     )?;
     // requires_grad_: the byte that follows requires_grad_(False) / requires_grad_(True).
@@ -181,13 +276,16 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
     tg.t.call_method1("requires_grad_", (true,)).map_err(e)?;
     let b2 = amb(&tg)?;
     let am_requires_grad = unique(
-        (8..AUTOGRAD_SCAN).filter(|&i| b1[i] == 1 && b0[i] == 0 && b2[i] == 1).collect(),
+        (8..AUTOGRAD_SCAN)
+            .filter(|&i| b1[i] == 1 && b0[i] == 0 && b2[i] == 1)
+            .collect(),
         "AutogradMeta.requires_grad_",
     )?;
 
     // Views: DifferentiableViewMeta (another vtable) holds backward_info_, an optional<ViewInfo>
     // whose first member is the base tensor; the optional's flag follows the 48-byte ViewInfo.
-    let (view_vtable, view_base, view_engaged) = locate_views(m, &item("views")?, base, cdata, am, am_vtable).unwrap_or((0, 0, 0));
+    let (view_vtable, view_base, view_engaged) =
+        locate_views(m, &item("views")?, base, cdata, am, am_vtable).unwrap_or((0, 0, 0));
 
     // Raw dtype and device-type codes.
     for t in item("dtypes")?.try_iter().map_err(e)? {
@@ -195,7 +293,11 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
         let b = bytes(&p)?;
         let code = u16::from_le_bytes([b[dtype], b[dtype + 1]]);
         let dt = p.d.get_item("dtype").ok().flatten().ok_or("no dtype")?;
-        if cal.dtypes.iter().any(|(c, d)| *c == code || d.bind(py).is(&dt)) {
+        if cal
+            .dtypes
+            .iter()
+            .any(|(c, d)| *c == code || d.bind(py).is(&dt))
+        {
             return Err("calibration: dtype codes are not one-to-one".into());
         }
         cal.dtypes.push((code, dt.unbind()));
@@ -204,7 +306,12 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
         let p = probe(m, t.map_err(e)?)?;
         let b = bytes(&p)?;
         let name: String = get(&p.d, "device_type")?;
-        if b[device + 2] != 1 || cal.device_types.iter().any(|(c, n)| *c == b[device] || *n == name) {
+        if b[device + 2] != 1
+            || cal
+                .device_types
+                .iter()
+                .any(|(c, n)| *c == b[device] || *n == name)
+        {
             return Err("calibration: device codes are not one-to-one".into());
         }
         cal.device_types.push((b[device], name));
@@ -231,7 +338,14 @@ fn locate(py: Python<'_>, m: &Bound<'_, PyModule>, base: usize, tensor_type: usi
 }
 
 /// (vtable, base offset, engaged-flag offset) of DifferentiableViewMeta, or None.
-fn locate_views(m: &Bound<'_, PyModule>, views: &Bound<'_, PyAny>, base: usize, cdata: usize, am: usize, am_vtable: usize) -> Option<(usize, usize, usize)> {
+fn locate_views(
+    m: &Bound<'_, PyModule>,
+    views: &Bound<'_, PyAny>,
+    base: usize,
+    cdata: usize,
+    am: usize,
+    am_vtable: usize,
+) -> Option<(usize, usize, usize)> {
     let mut metas = Vec::new();
     let mut vtable = 0usize;
     for pair in views.try_iter().ok()? {
@@ -244,26 +358,47 @@ fn locate_views(m: &Bound<'_, PyModule>, views: &Bound<'_, PyAny>, base: usize, 
             return None;
         }
         vtable = vt;
-        metas.push((raw::view_meta_bytes(&v.t, base, cdata, v.imp, am, vt, VIEW_SCAN)?, b.imp as u64));
+        metas.push((
+            raw::view_meta_bytes(&v.t, base, cdata, v.imp, am, vt, VIEW_SCAN)?,
+            b.imp as u64,
+        ));
     }
     let off = unique(
-        (AUTOGRAD_SCAN..VIEW_SCAN - 48).step_by(8).filter(|&o| metas.iter().all(|(b, imp)| w64(b, o) == *imp)).collect(),
+        (AUTOGRAD_SCAN..VIEW_SCAN - 48)
+            .step_by(8)
+            .filter(|&o| metas.iter().all(|(b, imp)| w64(b, o) == *imp))
+            .collect(),
         "backward_info_.base_",
     )
     .ok()?;
     let engaged = off + 48;
-    metas.iter().all(|(b, _)| b[engaged] == 1).then_some((vtable, off, engaged))
+    metas
+        .iter()
+        .all(|(b, _)| b[engaged] == 1)
+        .then_some((vtable, off, engaged))
 }
 
 /// Every tensor of the verification set must read exactly as the Python API reports.
-fn verify(py: Python<'_>, m: &Bound<'_, PyModule>, l: &TensorLayout, cal: &Calibration) -> Result<(), String> {
-    let set = m.call_method0("verification_set").map_err(|e| e.to_string())?;
+fn verify(
+    py: Python<'_>,
+    m: &Bound<'_, PyModule>,
+    l: &TensorLayout,
+    cal: &Calibration,
+) -> Result<(), String> {
+    let set = m
+        .call_method0("verification_set")
+        .map_err(|e| e.to_string())?;
     let set = set.cast_into::<PyList>().map_err(|e| e.to_string())?;
     let mut n_rg = 0;
     for (i, t) in set.iter().enumerate() {
         let p = probe(m, t)?;
-        let r = raw::read_tensor_with(&p.t, l).ok_or_else(|| format!("verification: tensor {i} unreadable"))?;
-        let bad = |what: &str| Err(format!("verification: tensor {i}: {what} disagrees with the Python API"));
+        let r = raw::read_tensor_with(&p.t, l)
+            .ok_or_else(|| format!("verification: tensor {i} unreadable"))?;
+        let bad = |what: &str| {
+            Err(format!(
+                "verification: tensor {i}: {what} disagrees with the Python API"
+            ))
+        };
         if r.policy != 0 {
             return bad("policy");
         }

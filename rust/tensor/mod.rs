@@ -30,7 +30,7 @@ pub(crate) fn torch(py: Python<'_>) -> PyResult<&Torch> {
         let torch = py.import("torch")?;
         let c = torch.getattr("_C")?;
         Ok(Torch {
-            cal: calibrate::calibrate(py)?,
+            cal: calibrate::calibrate(py),
             tensor_base: c.getattr("TensorBase")?.unbind(),
             dispatch_keys: c.getattr("_dispatch_keys")?.unbind(),
         })
@@ -43,26 +43,42 @@ impl Torch {
     }
 
     pub(crate) fn dtype_of<'py>(&self, py: Python<'py>, code: u16) -> Option<Bound<'py, PyAny>> {
-        self.cal.dtypes.iter().find(|(c, _)| *c == code).map(|(_, d)| d.bind(py).clone())
+        self.cal
+            .dtypes
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map(|(_, d)| d.bind(py).clone())
     }
 
     pub(crate) fn device_type_of(&self, code: u8) -> Option<&str> {
-        self.cal.device_types.iter().find(|(c, _)| *c == code).map(|(_, n)| n.as_str())
+        self.cal
+            .device_types
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map(|(_, n)| n.as_str())
     }
 
     pub(crate) fn is_tensor(&self, v: &Bound<'_, PyAny>) -> bool {
-        v.is_instance(self.tensor_base.bind(v.py())).unwrap_or(false)
+        v.is_instance(self.tensor_base.bind(v.py()))
+            .unwrap_or(false)
     }
 
     pub(crate) fn keys_py(&self, v: &Bound<'_, PyAny>) -> PyResult<u64> {
-        self.dispatch_keys.bind(v.py()).call1((v,))?.call_method0("raw_repr")?.extract()
+        self.dispatch_keys
+            .bind(v.py())
+            .call1((v,))?
+            .call_method0("raw_repr")?
+            .extract()
     }
 }
 
 /// A direct read that is trustworthy for sizes/strides (plain storage, no custom policy, no
 /// Python-level keys), if the layout was verified.
 #[inline]
-pub(crate) fn plain_read<'a>(v: &'a Bound<'_, PyAny>, non_plain_keys: u64) -> Option<TensorRaw<'a>> {
+pub(crate) fn plain_read<'a>(
+    v: &'a Bound<'_, PyAny>,
+    non_plain_keys: u64,
+) -> Option<TensorRaw<'a>> {
     let r = raw::read_tensor(v)?;
     if r.policy != 0 || r.keys & non_plain_keys != 0 {
         return None;
@@ -87,7 +103,9 @@ pub(crate) fn size_or_stride(v: &Bound<'_, PyAny>, dim: i64, stride: bool) -> Op
     if !t.is_tensor(v) {
         return None;
     }
-    let xs = v.call_method0(if stride { "stride" } else { "size" }).ok()?;
+    let xs = v
+        .call_method0(if stride { "stride" } else { "size" })
+        .ok()?;
     let xs = xs.cast_into::<PyTuple>().ok()?;
     let j = norm_dim(dim, xs.len())?;
     xs.get_item(j).ok()?.extract::<i64>().ok()
@@ -108,7 +126,9 @@ fn _tensor_fast_path_failure(py: Python<'_>) -> PyResult<Option<String>> {
 /// tests, which cross-check it against the torch headers and raw memory.
 #[pyfunction]
 fn _tensor_layout<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-    let Some(l) = torch(py)?.cal.layout else { return Ok(None) };
+    let Some(l) = torch(py)?.cal.layout else {
+        return Ok(None);
+    };
     let d = PyDict::new(py);
     for (k, v) in [
         ("cdata", l.cdata),
@@ -157,11 +177,28 @@ fn tensor_metadata<'py>(py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Boun
     }
     let device = t.getattr("device")?;
     let index = device.getattr("index")?;
-    d.set_item("sizes", t.call_method0("size")?.extract::<Vec<i64>>().map(|v| PyTuple::new(py, v))??)?;
-    d.set_item("strides", t.call_method0("stride")?.extract::<Vec<i64>>().map(|v| PyTuple::new(py, v))??)?;
+    d.set_item(
+        "sizes",
+        t.call_method0("size")?
+            .extract::<Vec<i64>>()
+            .map(|v| PyTuple::new(py, v))??,
+    )?;
+    d.set_item(
+        "strides",
+        t.call_method0("stride")?
+            .extract::<Vec<i64>>()
+            .map(|v| PyTuple::new(py, v))??,
+    )?;
     d.set_item("dtype", t.getattr("dtype")?)?;
     d.set_item("device_type", device.getattr("type")?)?;
-    d.set_item("device_index", if index.is_none() { -1 } else { index.extract::<i64>()? })?;
+    d.set_item(
+        "device_index",
+        if index.is_none() {
+            -1
+        } else {
+            index.extract::<i64>()?
+        },
+    )?;
     d.set_item("requires_grad", t.getattr("requires_grad")?)?;
     d.set_item("dispatch_keys", tc.keys_py(t)?)?;
     d.set_item("fast", false)?;
@@ -174,4 +211,19 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(_tensor_layout, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::norm_dim;
+
+    #[test]
+    fn dims() {
+        assert_eq!(norm_dim(0, 3), Some(0));
+        assert_eq!(norm_dim(-1, 3), Some(2));
+        assert_eq!(norm_dim(-3, 3), Some(0));
+        assert_eq!(norm_dim(3, 3), None);
+        assert_eq!(norm_dim(-4, 3), None);
+        assert_eq!(norm_dim(0, 0), None);
+    }
 }

@@ -2,9 +2,31 @@
 rust/tensor/calibrate.rs; not part of the Python package). Owns only the choice of samples and
 what the Python API says about each; the Rust side reads the raw memory and compares."""
 
+import contextlib
+import functools
+
 import torch
 
 
+def _clean(fn):
+    """Run `fn` in a plain state whatever the caller's: grad mode on, no inference mode, no
+    active dispatch/function modes, CPU default device, so samples are ordinary tensors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(torch.inference_mode(False))
+            stack.enter_context(torch.device("cpu"))
+            stack.enter_context(torch._C.DisableTorchFunction())
+            from torch.utils._python_dispatch import _disable_current_modes
+            stack.enter_context(_disable_current_modes())
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_clean
 def describe(t):
     """What the Python API reports for `t` (the ground truth of verification)."""
     return {
@@ -34,6 +56,7 @@ class _Sub(torch.Tensor):
     pass
 
 
+@_clean
 def probes():
     """Tensors with distinctive metadata used to locate fields."""
     base = torch.empty(50000)
@@ -79,6 +102,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
         DTYPES.append(getattr(torch, _name))
 
 
+@_clean
 def verification_set():
     """A broad set of tensors whose raw reads must agree with the Python API."""
     out = []
@@ -102,6 +126,7 @@ def verification_set():
         out.append(x[1])
     with torch.inference_mode():
         out.append(torch.randn(2, 5))
+    out.append(torch.randn(3, 3, dtype=torch.float64, requires_grad=True)[1:].t())
     out.append(torch.randn(3, 3).as_subclass(_Sub))
     out.append(torch.randn(3, 3, requires_grad=True).as_subclass(_Sub))
     return out
