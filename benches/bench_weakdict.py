@@ -1,5 +1,6 @@
 """Weak dictionaries: ferrodyn.weak.WeakIdKeyDictionary against torch.utils.weak's, in ns per
-operation, on tensor keys (what WeakTensorKeyDictionary holds in make_fx and fake tensors).
+operation, on tensor keys (what WeakTensorKeyDictionary holds in make_fx and fake tensors), and
+for two cases on plain-object keys too.
 
 Each case runs one operation over N keys per call; the two implementations alternate round by
 round (timing.interleaved_ns), and cases that need untimed set-up (deleting, keys dying) use the
@@ -110,6 +111,33 @@ def run(rounds: int = 30) -> list[dict]:
 
     case("set (existing key)", set_existing)
     case("get d[k] (hit)", get_hit)
+
+    # torch's hits on tensor keys pay for Tensor._fix_weakref in WeakIdRef.__eq__; plain objects
+    # show its cost without that
+    class Plain:
+        pass
+
+    objs = [Plain() for _ in range(N)]
+    full_objs = {name: cls({o: i for i, o in enumerate(objs)}) for name, cls in impls.items()}
+
+    def get_hit_plain(d, cls):
+        d = full_objs["ferrodyn" if cls is impls["ferrodyn"] else "reference"]
+
+        def f():
+            for o in objs:
+                d[o]
+        return f
+
+    def set_existing_plain(d, cls):
+        d = full_objs["ferrodyn" if cls is impls["ferrodyn"] else "reference"]
+
+        def f():
+            for o in objs:
+                d[o] = v
+        return f
+
+    case("get d[k] (hit, plain-object keys)", get_hit_plain)
+    case("set (existing key, plain-object keys)", set_existing_plain)
     case("get d.get(k) (hit)", get_method)
     case("contains (hit)", contains_hit)
     case("contains (miss)", contains_miss)
