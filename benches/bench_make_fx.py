@@ -33,6 +33,9 @@ def _programs():
         torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10),
     ).eval()
     enc = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64).eval()
+    deep = torch.nn.Sequential(
+        *[m for _ in range(12) for m in (torch.nn.Linear(32, 32), torch.nn.ReLU())]
+    )
 
     def attention(q, k, v):
         s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -50,6 +53,7 @@ def _programs():
         "attention": (attention, qkv),
         "transformer_encoder": (lambda x: enc(x), (torch.randn(6, 2, 32),)),
         "pointwise_x20": (pointwise, (torch.randn(16, 16),)),
+        "deep_mlp_x12": (lambda x: deep(x), (torch.randn(8, 32),)),
     }
 
 

@@ -255,6 +255,15 @@ def test_constants_and_parameters_become_get_attr():
     values = [getattr(gm, a) for a in set(attrs)]
     assert any(v is _mlp[0].bias for v in values)
     assert_same(gm(x), fn(x))
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for mode in MODES:
+        gm_mode = make_fx(fn, tracing_mode=mode)(x)
+        for n in gm_mode.graph.nodes:
+            if n.op == "get_attr":
+                val, attr = n.meta["val"], getattr(gm_mode, n.target)
+                assert isinstance(val, FakeTensor) and val.shape == attr.shape
+                assert val.dtype == attr.dtype
     gm_mlp = make_fx(mlp)(torch.randn(2, 8))
     params = {n.target for n in gm_mlp.graph.nodes if n.op == "get_attr"}
     assert len(params) == 4
@@ -366,6 +375,23 @@ def test_tracking_goes_through_ferrodyn_weak_dictionaries():
     assert isinstance(tracker.syms, WeakIdKeyDictionary)
     assert during["tensors"] >= 2 and during["syms"] >= 2
     assert len(tracker.tensors) == 0 and len(tracker.syms) == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nested_trace_records_into_its_own_graph(mode):
+    inner_graphs = []
+
+    def inner(y):
+        return y.cos() * 3
+
+    def outer(x):
+        inner_graphs.append(make_fx(inner)(torch.ones(2)))
+        return x.sin() + 1
+
+    gm = make_fx(outer, tracing_mode=mode)(torch.randn(3))
+    aten = torch.ops.aten
+    assert ops(gm) == [aten.ones.default, aten.sin.default, aten.add.Tensor]
+    assert ops(inner_graphs[0]) == [aten.cos.default, aten.mul.Tensor]
 
 
 def test_public_name_resolves_lazily():

@@ -30,11 +30,11 @@ def _tracing_mode(example_inputs) -> str:
     return "fake"
 
 
-def aten_eager(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+def aten_eager(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None):
     """Trace `gm` on `example_inputs` down to aten ops and return the aten GraphModule (called
-    with the same arguments as `gm`)."""
-    if kwargs:
-        raise TypeError(f"aten_eager: unexpected options {sorted(kwargs)}")
+    with the same arguments as `gm`). It has no modes or options: giving any is an error."""
+    if mode is not None or options:
+        raise TypeError(f"aten_eager takes no mode or options (got mode={mode!r}, options={options!r})")
     with torch.no_grad():
         aten_gm = make_fx(gm, tracing_mode=_tracing_mode(example_inputs))(*example_inputs)
     return aten_gm

@@ -165,10 +165,6 @@ class _Trace:
                     allow_non_fake_inputs=True,
                     shape_env=ShapeEnv(),
                 )
-                # Symbolic results are cached per ShapeEnv, and this one is new: the cache
-                # could only hit within this trace, while filling it costs more than it saves
-                # (measured: ~1.5-2x slower symbolic traces with it on).
-                mode.cache_enabled = False
         elif self.tracing_mode == "symbolic" and mode.shape_env is None:
             raise ValueError("make_fx(tracing_mode='symbolic'): the inputs' FakeTensorMode has no ShapeEnv")
         return mode

@@ -92,6 +92,12 @@ class ProxyTracker:
                 return fast_detach(val.fake_mode, val)
             if val.is_sparse:
                 return None
+            fake_mode = self.fake_mode
+            if fake_mode is not None:
+                # a real constant under fake tracing: the fake mode's own conversion (memoised,
+                # so the op using the constant reuses it), snapshotted
+                fake = fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, val)
+                return fast_detach(fake_mode, fake)
             return self._fake_like(val)
         if isinstance(val, (list, tuple)):
             return type(val)(self.example_value(v) for v in val)
@@ -125,7 +131,8 @@ class ProxyTracker:
         mode = self._val_mode
         if mode is None:
             mode = self._val_mode = _shared_val_mode()
-        meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        with torch._C._DisableTorchDispatch():  # never seen by an enclosing trace's modes
+            meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         return FakeTensor(mode, meta, t.device)
 
     # -- nodes ------------------------------------------------------------------------------
