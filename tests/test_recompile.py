@@ -247,7 +247,7 @@ def test_recompile_is_logged_with_the_failing_guard(compile_counted, caplog):
     x = torch.randn(3)
     with caplog.at_level(logging.DEBUG, logger="ferrodyn.recompiles"):
         c(x, 2)
-        assert not caplog.records
+        assert not [r for r in caplog.records if r.name == "ferrodyn.recompiles"]
         c(x, 5)
     msgs = [r.getMessage() for r in caplog.records if r.name == "ferrodyn.recompiles"]
     assert len(msgs) == 1

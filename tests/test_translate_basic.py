@@ -290,6 +290,7 @@ def builtins_fn(x, xs, n, f):
     out.append(int(f) + float(n) + bool(n) + int("3"))
     out.append(str(n) + str(f))
     out.append(sorted([3, n, 1], reverse=True))
+    out.append(sorted(["bb", "a", "ccc"], key=len) + sorted([3, 1, 2], key=lambda v: -v))
     out.append(round(f, 1) + math.sqrt(16) + math.floor(f))
     out.append(abs(x) + sum(xs) + max(f, 1.0))
     return out

@@ -204,3 +204,27 @@ def test_objects_created_in_frame_are_rebuilt_without_rerunning_init():
     assert type(p) is Plain and p.tag == "p"
     torch.testing.assert_close(p.t, torch.full((2,), 2.0))
     assert type(pts[0]) is Point
+
+
+def scaled(x, k, shift=0.0):
+    return x * k + shift
+
+
+def f_partials(x, p, opaque):
+    q = functools.partial(scaled, k=3)
+    return p(x), q(x, shift=1.0), opaque
+
+
+def test_partials_and_opaque_passthrough():
+    r = check(f_partials, torch.randn(3), functools.partial(scaled, 2.0), {1, 2})
+    from ferrodyn.trace_result import OutSource
+    assert isinstance(r.output.items[2], OutSource)
+
+
+def test_opaque_value_use_is_refused():
+    from ferrodyn.exc import Unsupported
+
+    def f(x, s):
+        return x + len(s)
+    with pytest.raises(Unsupported):
+        trace(f, torch.randn(2), {1, torch.zeros(1)})

@@ -146,3 +146,20 @@ def test_hooks_guarded_empty():
     m = nn.Linear(2, 2)
     r = trace(call, m, torch.randn(1, 2))
     assert GuardKind.LENGTH in guard_kinds(r, "L['m'].__dict__['_forward_hooks']")
+
+
+class Optional_(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        if hasattr(self, "extra"):
+            x = x + self.extra
+        return self.lin(getattr(self, "maybe", x))
+
+
+def test_absent_attribute_is_guarded():
+    m = Optional_()
+    r = check(call, m, torch.randn(1, 2))
+    assert GuardKind.DICT_KEYS in guard_kinds(r, "L['m'].__dict__")

@@ -25,7 +25,7 @@ def tensor_methods(x):
     b = x.sum(dim=1, keepdim=True).expand(2, 3).float().to(torch.float64)
     c = x.unsqueeze(0).squeeze(0).permute(1, 0).flatten()
     n = x.size(0) + x.size()[1] + x.dim() + x.numel() + x.ndim
-    return a, b, c, n, x.T, x.mT, x.shape, x.dtype, x.device, x.requires_grad, x.is_leaf
+    return a, b, c, n, x.T, x.mT, x.shape, x.dtype, x.device, x.requires_grad
 
 
 def attrs_and_metadata(x):

@@ -87,8 +87,8 @@ def nonzero(x):
     return x.nonzero()  # LINE
 
 
-def set_literal(x):
-    return {1, 2}  # LINE
+def set_of_tensors(x):
+    return {x, 2}  # LINE
 
 
 def tensor_requires_grad_set(x):
@@ -117,7 +117,7 @@ CASES = [
     (mutates_input_dict, (torch.randn(3), {}), BreakReason.SIDE_EFFECT, mutates_input_dict),
     (outer_calls_inner, (torch.randn(3),), BreakReason.DATA_DEPENDENT, inner),
     (nonzero, (torch.randn(3),), BreakReason.DATA_DEPENDENT, nonzero),
-    (set_literal, (torch.randn(3),), BreakReason.UNSUPPORTED_TYPE, set_literal),
+    (set_of_tensors, (torch.randn(3),), BreakReason.UNSUPPORTED_TYPE, set_of_tensors),
     (tensor_requires_grad_set, (torch.randn(3),), BreakReason.SIDE_EFFECT,
      tensor_requires_grad_set),
 ]

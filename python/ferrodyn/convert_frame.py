@@ -52,8 +52,12 @@ log = logging.getLogger("ferrodyn")
 
 # Code objects traced even though their file is skipped (OptimizedModule's inline frames).
 _ALWAYS_TRACE: "weakref.WeakSet[CodeType]" = weakref.WeakSet()
-_SKIPPED_LIBRARIES = ("torch", "functorch", "numpy", "sympy", "mpmath", "_pytest", "pluggy",
-                      "typing_extensions", "triton", "hypothesis")
+# torch's own packages, the libraries torch depends on or whose frames show up inside compiled
+# calls (audit hooks, progress bars), and libraries torch.compile skips as well.
+_SKIPPED_LIBRARIES = ("torch", "functorch", "torchgen", "triton", "numpy", "sympy", "mpmath",
+                      "filelock", "fsspec", "jinja2", "networkx", "typing_extensions", "_pytest",
+                      "pluggy", "hypothesis", "tqdm", "tabulate", "pandas", "sklearn", "onnx",
+                      "onnxruntime", "tensorflow", "tensorrt", "tvm")
 
 
 def always_trace(code: CodeType) -> None:

@@ -31,6 +31,9 @@ def inline_function(tx, fn, bound: dict[str, VariableTracker]) -> VariableTracke
     if len(closure) != len(code.co_freevars):
         unsupported(f"closure of {code.co_name} does not match its code", BreakReason.OTHER)
     cells = dict(zip(code.co_freevars, closure))
+    note = f"inlined {code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+    if note not in tx.output.notes:
+        tx.output.notes.append(note)
     child = InstructionTranslator(code, fn.fn_globals(), tx.output, dict(bound), cells,
                                   fn.globals_source(tx), parent=tx)
     if collect:

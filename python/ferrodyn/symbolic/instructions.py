@@ -27,18 +27,20 @@ class Instruction:
     target: int | None  # index of the jump target in the decoded list, for jumps
 
 
-_CACHE: dict[types.CodeType, tuple[Instruction, ...]] = {}
-_CACHE_LIMIT = 4096
+# id(code) -> (code, instructions); keyed by identity (equal code objects may differ in
+# co_filename), holding the code so its id is not reused while cached.
+_CACHE: dict[int, tuple[types.CodeType, tuple[Instruction, ...]]] = {}
+_CACHE_LIMIT = 2048
 
 
 def decode(code: types.CodeType) -> tuple[Instruction, ...]:
     """Decoded instructions of `code` (cached: instructions are immutable)."""
-    hit = _CACHE.get(code)
-    if hit is None:
+    hit = _CACHE.get(id(code))
+    if hit is None or hit[0] is not code:
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
-        hit = _CACHE[code] = tuple(_decode(code))
-    return hit
+        hit = _CACHE[id(code)] = (code, tuple(_decode(code)))
+    return hit[1]
 
 
 def _decode(code: types.CodeType) -> list[Instruction]:

@@ -112,3 +112,23 @@ def UNPACK_EX(tx, inst):
     out = items[:before] + [middle] + items[len(items) - after:]
     for item in reversed(out):
         tx.push(item)
+
+
+@opcode()
+def BUILD_SET(tx, inst):
+    from ferrodyn.variables.sets import SetVariable, element
+    tx.push(SetVariable.new(element(tx, v) for v in tx.popn(inst.arg)))
+
+
+@opcode()
+def SET_ADD(tx, inst):
+    from ferrodyn.variables.sets import element
+    v = tx.pop()
+    tx.peek(inst.arg).mutable().add(element(tx, v))
+
+
+@opcode()
+def SET_UPDATE(tx, inst):
+    from ferrodyn.variables.sets import elements
+    v = tx.pop()
+    tx.peek(inst.arg).mutable().update(elements(tx, v))

@@ -68,10 +68,6 @@ UNSUPPORTED: dict[str, Refusal] = {
     "LOAD_BUILD_CLASS": Refusal(_OP, "class statement"),
     "SETUP_ANNOTATIONS": Refusal(_OP, "module/class annotations"),
     "PRINT_EXPR": Refusal(_OP, "interactive-mode expression", **_V311),
-    # sets (no set tracker yet)
-    "BUILD_SET": Refusal(BreakReason.UNSUPPORTED_TYPE, "set display"),
-    "SET_ADD": Refusal(BreakReason.UNSUPPORTED_TYPE, "set comprehension"),
-    "SET_UPDATE": Refusal(BreakReason.UNSUPPORTED_TYPE, "set display with *"),
     # structural pattern matching
     "MATCH_CLASS": Refusal(_OP, "match statement"),
     "MATCH_KEYS": Refusal(_OP, "match statement"),

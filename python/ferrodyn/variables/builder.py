@@ -13,6 +13,7 @@ refused (they could not be loaded as graph inputs).
 from __future__ import annotations
 
 import collections
+import functools
 import enum
 import types
 from typing import Any
@@ -72,6 +73,15 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)
         return ConstantVariable(source=source, value=value)
+    if t is set and all(is_constant_value(v) for v in value):
+        from ferrodyn.variables.sets import SetState, SetVariable
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.EQUALS, frozenset(value))
+        return SetVariable(source=source, state=SetState(set(value), existing=True))
+    if t is frozenset and is_constant_value(value):
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, source, GuardKind.EQUALS, value)
+        return ConstantVariable(source=source, value=value)
     if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format):
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)
@@ -116,6 +126,19 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
                                                      value=value.__func__),
                                    obj=LazyVariable(source=AttrSource(source, "__self__"),
                                                     value=value.__self__))
+    if t is functools.partial:
+        from ferrodyn.source import AttrSource
+        from ferrodyn.variables.functions import PartialVariable
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        args_src, kw_src = AttrSource(source, "args"), AttrSource(source, "keywords")
+        _guard(tx, args_src, GuardKind.LENGTH, len(value.args))
+        _guard(tx, kw_src, GuardKind.DICT_KEYS, tuple(value.keywords))
+        return PartialVariable(
+            source=source, func=LazyVariable(source=AttrSource(source, "func"), value=value.func),
+            args=tuple(LazyVariable(source=ItemSource(args_src, i), value=v)
+                       for i, v in enumerate(value.args)),
+            keywords={k: LazyVariable(source=ItemSource(kw_src, k), value=v)
+                      for k, v in value.keywords.items()})
     var = _build_constant_object(value, source)
     if var is not None:
         _guard(tx, source, GuardKind.ID_MATCH, value)
@@ -123,7 +146,9 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins":
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
-    unsupported(f"value of type {t.__name__} at {source.name()}", BreakReason.UNSUPPORTED_TYPE)
+    from ferrodyn.variables.functions import OpaqueVariable
+    _guard(tx, source, GuardKind.TYPE_MATCH, t)
+    return OpaqueVariable(source=source, value=value)
 
 
 def _lazy_items(value, source) -> tuple:

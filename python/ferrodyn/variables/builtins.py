@@ -10,6 +10,8 @@ Does not own operators between trackers (operators.py), which several entries de
 from __future__ import annotations
 
 import builtins
+import functools
+import itertools
 import math
 import operator
 import warnings
@@ -257,6 +259,43 @@ def _tuple_new(tx, cls, iterable=None):
     unsupported(f"tuple.__new__({klass.__name__})", BreakReason.UNSUPPORTED_BUILTIN)
 
 
+def _partial(tx, func, *args, **kwargs):
+    from ferrodyn.variables.functions import PartialVariable
+    return PartialVariable(func=tx.realize(func), args=tuple(args), keywords=dict(kwargs))
+
+
+def _set(tx, iterable=None):
+    from ferrodyn.variables.sets import SetVariable, elements
+    return SetVariable.new(elements(tx, iterable) if iterable is not None else ())
+
+
+def _frozenset(tx, iterable=None):
+    from ferrodyn.variables.sets import elements
+    return _c(frozenset(elements(tx, iterable) if iterable is not None else ()))
+
+
+def _chain(tx, *iterables):
+    return IteratorVariable.over([i for it in iterables for i in _items(tx, it)])
+
+
+def _product(tx, *iterables, repeat=None):
+    seqs = [_items(tx, it) for it in iterables]
+    if repeat is not None:
+        seqs = seqs * _const_arg(tx, repeat, "product")
+    return IteratorVariable.over(TupleVariable(items=t) for t in itertools.product(*seqs))
+
+
+def _repeat(tx, obj, times=None):
+    if times is None:
+        unsupported("itertools.repeat without times", BreakReason.UNSUPPORTED_BUILTIN)
+    return IteratorVariable.over([obj] * _const_arg(tx, times, "repeat"))
+
+
+def _islice(tx, iterable, *args):
+    bounds = [_const_arg(tx, a, "islice") for a in args]
+    return IteratorVariable.over(_items(tx, iterable)[slice(*bounds)])
+
+
 def _unsupported(name, reason):
     def handler(tx, *args, **kwargs):
         unsupported(f"{name}()", reason)
@@ -300,6 +339,10 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
     tuple.__new__: _tuple_new,
+    itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
+    itertools.islice: _islice,
+    set: _set, frozenset: _frozenset,
+    functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
     operator.index: _scalar(operator.index),
     operator.not_: lambda tx, a: _c(not tx.realize(a).truth(tx)),

@@ -271,13 +271,17 @@ def _copy(tx, seq):
 
 def _sort(tx, seq, key=None, reverse=None):
     items = seq.mutable()
-    if key is not None and not (key.is_python_constant() and key.as_python_constant() is None):
-        unsupported("list.sort(key=...)", BreakReason.UNSUPPORTED_CALL)
     realized = [tx.realize(i) for i in items]
-    if not all(i.is_python_constant() for i in realized):
-        unsupported("sorting non-constants", BreakReason.DATA_DEPENDENT)
+    if key is not None and not (key.is_python_constant() and key.as_python_constant() is None):
+        key_fn = tx.realize(key)
+        keys = [tx.realize(key_fn.call_function(tx, [i], {})) for i in realized]
+    else:
+        keys = realized
+    if not all(k.is_python_constant() for k in keys):
+        unsupported("sorting by non-constant keys", BreakReason.DATA_DEPENDENT)
     rev = bool(reverse.as_python_constant()) if reverse is not None else False
-    items[:] = sorted(realized, key=lambda v: v.as_python_constant(), reverse=rev)
+    order = sorted(range(len(realized)), key=lambda n: keys[n].as_python_constant(), reverse=rev)
+    items[:] = [realized[n] for n in order]
     return _const(None)
 
 

@@ -64,6 +64,11 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
     if a.is_python_constant() and b.is_python_constant() and \
             isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
         return wrap_constant(fold(fn, _const(a), _const(b)))
+    from ferrodyn.variables.sets import SetVariable, set_binary
+    if isinstance(a, SetVariable) or isinstance(b, SetVariable):
+        res = set_binary(tx, fn, a, b)
+        if res is not None:
+            return res
     base = _INPLACE_TO_BINARY.get(fn, fn)
     inplace = fn is not base
     if isinstance(a, ListVariable) and inplace and base is operator.add:
@@ -149,6 +154,12 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
         if isinstance(const.value, tuple) and issubclass(seq.python_type(), tuple):
             return values_equal(tx, TupleVariableFrom(const.value), seq)
         return False
+    from ferrodyn.variables.sets import SetVariable, elements
+    if isinstance(a, SetVariable) or isinstance(b, SetVariable):
+        other = b if isinstance(a, SetVariable) else a
+        if not issubclass(other.python_type(), (set, frozenset)):
+            return False
+        return elements(tx, a) == elements(tx, b)
     if isinstance(a, DictVariable) and isinstance(b, DictVariable):
         ka, kb = a.state.items, b.state.items
         return ka.keys() == kb.keys() and all(values_equal(tx, ka[k], kb[k]) for k in ka)

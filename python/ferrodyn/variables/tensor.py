@@ -27,7 +27,7 @@ from ferrodyn.variables.constant import ConstantVariable, is_constant_value
 # Tensor attributes that are metadata: with static shapes they are constants of the trace,
 # guarded by the tensor's TENSOR_MATCH guard.
 CONST_ATTRS = frozenset({
-    "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_leaf",
+    "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu",
     "layout", "is_sparse", "is_quantized", "is_meta", "is_nested", "is_mkldnn", "itemsize",
     "nbytes", "is_mps", "is_xpu",
 })
@@ -80,6 +80,9 @@ class TensorVariable(VariableTracker):
         return f"tensor {self.node.name}"
 
     def var_getattr(self, tx, name):
+        if name == "__class__":
+            from ferrodyn.variables.builder import build_unsourced
+            return build_unsourced(self.cls)
         if name in CONST_ATTRS:
             return ConstantVariable(value=getattr(self.example, name))
         if name in GRAPH_ATTRS:

@@ -182,6 +182,25 @@ class UserObjectVariable(ObjectLike):
             return _lazy(d[name], _sub(self.source, lambda s: ItemSource(DictOfSource(s), name)))
         return None
 
+    def has_attr(self, tx, name):
+        found = super().has_attr(tx, name)
+        if not found and self.source is not None:
+            self.guard_absence(tx)
+        return found
+
+    def guard_absence(self, tx):
+        """An attribute found absent stays absent: guard the instance dict's keys (and, for
+        modules, those of the dicts `nn.Module.__getattr__` consults)."""
+        from ferrodyn.guard_spec import GuardKind
+        d = getattr(self.value, "__dict__", None)
+        if not isinstance(d, dict):
+            return
+        src = DictOfSource(self.source)
+        tx.output.install_guard(src, GuardKind.DICT_KEYS, tuple(d))
+        for sub in ("_parameters", "_buffers", "_modules"):
+            if isinstance(d.get(sub), dict):
+                tx.output.install_guard(ItemSource(src, sub), GuardKind.DICT_KEYS, tuple(d[sub]))
+
     def descriptor_attr(self, tx, name):
         try:
             value = getattr(self.value, name)
