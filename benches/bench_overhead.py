@@ -1,12 +1,17 @@
 """Cache-hit call overhead: (compiled call - eager call) for a function of 1, 4, 16 and 64
 tensor arguments (it adds them all, so every argument is a graph input and guarded), ferrodyn
-vs torch.compile, both with backend="eager". Interleaved medians in one process."""
+vs torch.compile, both with backend="eager". Rounds alternate eager / ferrodyn / torch.compile;
+the overhead is the median over rounds of (compiled - eager) measured in the same round. Times
+are this thread's CPU time (time.thread_time_ns), not wall time: on a shared, oversubscribed
+machine wall time mostly measures the other processes. One intra-op thread, as tiny tensors
+want."""
 
 from __future__ import annotations
 
-import torch
+import statistics
+import time
 
-from timing import interleaved_ns
+import torch
 
 GROUP = "overhead"
 
@@ -19,17 +24,47 @@ def make_fn(n: int):
     return ns[f"add_{n}"]
 
 
-def run(rounds: int = 40) -> list[dict]:
+def paired_overhead_ns(eager, compiled: dict, inner: int, rounds: int) -> dict:
+    """Median over rounds of (compiled - eager) ns per call, each pair timed in the same round."""
+    diffs = {k: [] for k in compiled}
+    base = []
+
+    def once(f):
+        t0 = time.thread_time_ns()
+        for _ in range(inner):
+            f()
+        return (time.thread_time_ns() - t0) / inner
+
+    for _ in range(rounds):
+        e = once(eager)
+        base.append(e)
+        for k, f in compiled.items():
+            diffs[k].append(once(f) - e)
+    out = {k: statistics.median(v) for k, v in diffs.items()}
+    out["eager"] = statistics.median(base)
+    return out
+
+
+def run(rounds: int = 60) -> list[dict]:
     import torch._dynamo
 
     import ferrodyn
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(rounds, ferrodyn, torch._dynamo)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(rounds, ferrodyn, dynamo) -> list[dict]:
     rows = []
     for n in (1, 4, 16, 64):
         fn = make_fn(n)
         args = [torch.randn(4) for _ in range(n)]
         ferrodyn.reset()
-        torch._dynamo.reset()
+        dynamo.reset()
         fd = ferrodyn.compile(fn, backend="eager")
         tc = torch.compile(fn, backend="eager")
         for f in (fd, tc):  # compile, then one hit
@@ -38,14 +73,13 @@ def run(rounds: int = 40) -> list[dict]:
         assert torch.allclose(fd(*args), fn(*args))
         entries = ferrodyn._C.cache_entries(fn.__code__)
         captured = bool(entries) and entries[0].hits > 0
-        t = interleaved_ns({"eager": lambda: fn(*args), "ferrodyn": lambda: fd(*args),
-                            "torch": lambda: tc(*args)}, inner=200, rounds=rounds)
+        t = paired_overhead_ns(lambda: fn(*args), {"ferrodyn": lambda: fd(*args),
+                                                   "torch": lambda: tc(*args)}, inner=200, rounds=rounds)
         case = f"{n} tensor args" + ("" if captured else " [ferrodyn ran eagerly]")
-        rows.append({"case": case, "ferrodyn": (t["ferrodyn"] - t["eager"]) / 1e3,
-                     "reference": (t["torch"] - t["eager"]) / 1e3, "unit": "us",
-                     "reference_name": "torch.compile", "eager_us": t["eager"] / 1e3})
+        rows.append({"case": case, "ferrodyn": t["ferrodyn"] / 1e3, "reference": t["torch"] / 1e3,
+                     "unit": "us", "reference_name": "torch.compile", "eager_us": t["eager"] / 1e3})
     ferrodyn.reset()
-    torch._dynamo.reset()
+    dynamo.reset()
     return rows
 
 

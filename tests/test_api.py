@@ -215,3 +215,37 @@ def test_explain_output_reads_well():
 def test_explain_rejects_non_callables():
     with pytest.raises(TypeError, match="explain expects a callable"):
         ferrodyn.explain(3)
+
+
+def test_reset_clears_skip_flags_and_cache_entries():
+    def g(x):
+        return x
+
+    _C.skip_code(g.__code__)
+    assert _C.code_flags(g.__code__) == "skip"
+    ferrodyn.reset()
+    assert _C.code_flags(g.__code__) == "default"
+    assert _C.cache_stats()["entries"] == 0
+
+
+def test_ferrodyn_logs_environment_variable_in_a_fresh_interpreter(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import torch, ferrodyn\n"
+        "def f(x):\n"
+        "    return torch.relu(x) * 2\n"
+        "c = ferrodyn.compile(f, backend='eager')\n"
+        "c(torch.randn(2)); c(torch.randn(3))\n"
+    )
+    env = {**os.environ, "FERRODYN_LOGS": "graph,guards,recompiles",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(ferrodyn.__file__))}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "[ferrodyn.graph] graph [0/0] of f" in err and "relu" in err
+    assert "[ferrodyn.guards] guards [0/0] of f" in err and "L['x']" in err
+    assert "[ferrodyn.recompiles] recompiling f" in err and "L['x'].size()[0] == 2" in err

@@ -230,10 +230,13 @@ def test_module_training_mode_change_recompiles(compile_counted):
 
 def test_past_the_cache_limit_frames_run_eagerly(compile_counted):
     c = compile_counted(affine)
-    with config.patch(cache_size_limit=2), warnings.catch_warnings(record=True):
+    with config.patch(cache_size_limit=2), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(1, 6):
             check(c, affine, torch.randn(n), torch.randn(n))
+        limit_warnings = [w for w in caught if issubclass(w.category, RuntimeWarning)
+                          and "cache size limit" in str(w.message) and "affine" in str(w.message)]
+        assert len(limit_warnings) == 1
         assert compile_counted.backend.graphs == 2
         assert len(_C.cache_entries(affine.__code__)) == 2
         check(c, affine, torch.randn(1), torch.randn(1))  # a cached shape still hits
