@@ -1,0 +1,88 @@
+"""The model zoo (models_zoo.py) compiled with ferrodyn: compiled == eager on the same inputs and
+seeds over capture, cache hit, reshape (recompile) and a state change (config flag, train/eval),
+module state (BatchNorm running stats, in-place buffers) and gradients included; with a
+counting backend over "eager" and over "aot_eager".
+
+Graph-count expectations: models in ONE_GRAPH are captured today as exactly one graph of the
+whole forward, so a regression in the converter shows here. A model not in it only has to give
+eager-equal results (it may run eagerly); `python tests/models_zoo.py` prints the table with
+torch.compile's graph counts and ferrodyn's reasons for running eagerly.
+"""
+
+import pytest
+import torch
+
+import ferrodyn
+from models_zoo import CASES, CASES_BY_NAME, ferrodyn_run, is_top_frame
+
+pytest.importorskip("ferrodyn.symbolic")
+
+# Captured as one whole graph by ferrodyn today (and by torch.compile(backend="eager")).
+ONE_GRAPH = {
+    "resnet_eval", "resnet_train", "resnet_block_train", "gpt_decoder", "gpt_block", "transformer_encoder_layer",
+    "transformer_encoder", "transformer_encoder_dropout_train", "multihead_attention",
+    "rnn_cell_loop", "mlp_dropout_eval", "mlp_dropout_train", "moduledict_router",
+    "functional_where_einsum", "dict_output", "namedtuple_output", "isinstance_modulelist",
+    "buffer_inplace_update", "embedding_bag_classifier", "conv1d_audio",
+}
+
+# aot_eager runs: the cases where AOT autograd adds something (backward graphs, input
+# mutation, RNG, structured outputs), to keep the battery's runtime modest.
+AOT_CASES = [
+    "resnet_block_train", "transformer_encoder_layer", "mlp_dropout_train",
+    "buffer_inplace_update", "dict_output",
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ferrodyn.reset()
+    yield
+    ferrodyn.reset()
+
+
+def _check_counts(case, rep) -> None:
+    if case.name not in ONE_GRAPH:
+        return
+    model = case.build()
+    assert rep.graphs_first == 1, f"{case.name}: {rep.graphs_first} graphs; eager frames: {rep.eager}"
+    assert is_top_frame(model, rep.codes[0]), f"{case.name}: captured {rep.frames[0]}, not the whole model"
+    assert rep.graphs_hit == 1 and rep.hits >= 1, f"{case.name}: no cache hit on the second call"
+    assert rep.graphs_reshaped == 2, f"{case.name}: a shape change must recompile exactly once"
+    if case.change is not None:
+        assert rep.graphs_changed == 3, f"{case.name}: the state change must recompile exactly once"
+    assert rep.eager == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_zoo_eager_backend_matches_eager(case):
+    rep, _ = ferrodyn_run(case, "eager", grad=case.grad)
+    assert rep.steps[:3] == ["capture", "cache hit", "reshape"]
+    _check_counts(case, rep)
+
+
+@pytest.mark.parametrize("name", AOT_CASES)
+def test_zoo_aot_eager_backend_matches_eager(name):
+    case = CASES_BY_NAME[name]
+    rep, _ = ferrodyn_run(case, "aot_eager", grad=case.grad)
+    _check_counts(case, rep)
+
+
+def test_one_graph_names_are_zoo_cases():
+    assert ONE_GRAPH <= set(CASES_BY_NAME) and set(AOT_CASES) <= set(CASES_BY_NAME)
+
+
+def test_a_wrong_result_is_caught():
+    """The differential routine itself fails on a wrong compiled result (a backend that adds 1
+    to every floating output)."""
+    from models_zoo import run_case
+
+    def off_by_one(gm, example_inputs):
+        def run(*args):
+            return tuple(o + 1 if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                         for o in gm(*args))
+        return run
+
+    with pytest.raises(AssertionError, match="mlp_dropout_eval"):
+        run_case(CASES_BY_NAME["mlp_dropout_eval"], lambda m: ferrodyn.compile(m, backend=off_by_one),
+                 lambda: 0)
