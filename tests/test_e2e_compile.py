@@ -33,7 +33,7 @@ def helper(x, k=2):
 
 
 def toy(x, y):
-    z = torch.sin(x) + helper(y, 3)
+    z = torch.sin(x) + helper(y, k=3)
     return z.relu(), z.sum()
 
 

@@ -292,3 +292,59 @@ def test_python_code_inside_a_compiled_graph_is_never_traced():
         assert torch.allclose(c(x), inner(x))
     assert t.calls == {"inner": 1}
     assert _C.cache_entries(user_kernel.__code__) == []
+
+
+def test_an_entry_that_cannot_be_generated_runs_eagerly(caplog):
+    from ferrodyn.trace_result import Out
+
+    class Strange(Out):
+        pass
+
+    def bad_tracer(code, *args, **kwargs):
+        result = fx_tracer(code, *args, **kwargs)
+        result.output = Strange()
+        return result
+
+    x = torch.randn(3)
+    with caplog.at_level(logging.WARNING, logger="ferrodyn"):
+        assert torch.allclose(run(inner, bad_tracer)(x), inner(x))
+    assert any("cannot generate the entry" in r.getMessage() for r in caplog.records)
+    assert _C.cache_entries(inner.__code__) == []
+    ferrodyn.reset()
+    with pytest.raises(TypeError, match="unknown output spec"):
+        run(inner, bad_tracer, fullgraph=True)(x)
+
+
+def test_disabled_module_is_not_traced_inside_a_compiled_call():
+    t = Tracer(fail={"uses_module"})
+    net = ferrodyn.disable(Net())
+    assert isinstance(net, ferrodyn.OptimizedModule)
+
+    def uses_module(x):
+        return net(x) + 1
+
+    x = torch.randn(2, 4)
+    assert torch.allclose(run(uses_module, t)(x), uses_module(x))
+    assert t.calls == {"uses_module": 1}  # Net.forward never reached the tracer
+
+
+def test_unsupported_carrying_its_guards_is_remembered_by_them():
+    from ferrodyn.guard_spec import GuardKind, GuardSpec
+    from ferrodyn.source import LocalSource
+
+    calls = []
+
+    def tracer(code, f_globals, f_builtins, args, closure, *, fullgraph=False):
+        calls.append(args[1])
+        err = Unsupported("data-dependent branch", BreakReason.DATA_DEPENDENT)
+        err.guards = [GuardSpec.make(LocalSource(1, "k"), GuardKind.EQUALS, args[1])]
+        raise err
+
+    def scaled(x, k):
+        return x * k
+
+    c = run(scaled, tracer)
+    for shape in (2, 3, 4):
+        c(torch.randn(shape), 2)      # the failure depended on k only: no retrace for new shapes
+    c(torch.randn(2), 5)
+    assert calls == [2, 5]

@@ -119,3 +119,31 @@ def iters(x, xs):
 
 def test_itertools_and_class():
     check(iters, torch.randn(2), [torch.randn(2), torch.randn(2), torch.randn(2)])
+
+
+def test_pow_round_builtins_on_tensors():
+    def f(x, n):
+        return pow(x, 2), pow(n, 2), pow(3, 2, 5), round(2.567, 1), round(n / 3)
+    check(f, torch.randn(3) * 3, 4)
+
+
+def test_inplace_result_is_the_same_tensor_and_finfo():
+    def f(x):
+        y = x.add_(1)
+        z = x
+        z += 1
+        big = torch.finfo(x.dtype).max
+        return y is x, z is x, x * 2, x.masked_fill(x > 100, torch.finfo(x.dtype).min), big
+    r = check(f, torch.randn(3))
+    assert r.output.items[0].value is True and r.output.items[1].value is True
+
+
+def test_ordered_dict_created_in_frame():
+    import collections
+
+    def f(x):
+        d = collections.OrderedDict()
+        d["b"] = x
+        d["a"] = x * 2
+        return d, list(d)
+    check(f, torch.randn(2))

@@ -23,7 +23,6 @@ import importlib.util
 import itertools
 import logging
 import os
-
 import sysconfig
 import weakref
 from types import CodeType
@@ -309,7 +308,14 @@ class FrameCallback:
             if self.fullgraph:
                 raise err from e
             return self._run_eager(code, frame, err)
-        fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence)
+        try:
+            fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence)
+        except Exception as e:  # an output spec or source the codegen cannot express
+            if self.fullgraph or not config.suppress_errors:
+                raise
+            log.warning("ferrodyn: cannot generate the entry of %s, running it eagerly: %s: %s",
+                        _where(code), type(e).__name__, e)
+            return self._run_eager(code, frame, e)
         compile_id = _compile_id(code, n_entries)
         entry = _C.CacheEntry(fn, tree, backend_id=self.backend_id, compile_id=compile_id)
         self._log_compiled(code, gm, fn, tree, compile_id)

@@ -57,13 +57,20 @@ def disable(fn: Callable[..., Any] | None = None, recursive: bool = True):
     """Run `fn` without graph capture (like `torch._dynamo.disable`).
 
     `disable(fn)` / `@disable`: a wrapper that turns this thread's callback off for the call, so
-    neither fn nor anything it calls is traced. `recursive=False`: only fn's own frames are
+    neither fn nor anything it calls is traced (an nn.Module gives an OptimizedModule that does
+    the same). `recursive=False`: only fn's own frames are
     skipped (its callees are still captured); fn is returned unchanged. `disable()` with no
     function: a context manager and decorator."""
     if fn is None:
         return DisableContext()
     if not callable(fn):
         raise TypeError(f"ferrodyn.disable expects a callable, got {type(fn).__name__}")
+    import torch
+
+    if isinstance(fn, torch.nn.Module) and recursive:
+        from ferrodyn.optimized_module import OptimizedModule
+
+        return OptimizedModule(fn, None)  # the wrapper installs "no callback" around each call
     if not recursive:
         code = getattr(inspect.unwrap(fn), "__code__", None)
         if code is None:

@@ -68,16 +68,24 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
     leaves cheap-first itself). `builder_factory` defaults to `_C.GuardBuilder`."""
     builder = (builder_factory or _C.GuardBuilder)(f_globals, f_builtins)
     nodes: dict[Source, Any] = {}
+    # Sources are nested frozen dataclasses whose hash walks the whole chain: look the same
+    # object up by identity first (the specs list keeps every source alive meanwhile).
+    by_id: dict[int, Any] = {}
 
     def node_of(src: Source):
+        found = by_id.get(id(src))
+        if found is not None:
+            return found
         found = nodes.get(src)
         if found is None:
             make = _accessor_for(type(src))
             if make is None:
                 raise GuardCompileError(f"no guard accessor for source {type(src).__name__} ({src.name()})")
             found = nodes[src] = make(builder, src, node_of)
+        by_id[id(src)] = found
         return found
 
+    specs = list(specs)  # keeps the sources alive for `by_id`
     seen: set[GuardSpec] = set()
     for spec in specs:
         if spec in seen:

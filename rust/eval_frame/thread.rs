@@ -85,8 +85,13 @@ fn activate(active: &AtomicBool) {
     }
 }
 
+/// Clear the flag; true when that gave back the last share (the caller uninstalls).
+fn release(active: &AtomicBool) -> bool {
+    active.swap(false, Ordering::AcqRel) && ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1
+}
+
 fn deactivate(active: &AtomicBool) {
-    if active.swap(false, Ordering::AcqRel) && ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1 {
+    if release(active) {
         let _ = Python::try_attach(hook::uninstall);
     }
 }
@@ -122,8 +127,12 @@ impl Drop for CallbackHolder {
 
 /// This thread's callback as Python sees it: None, False or the callable.
 pub fn current(py: Python<'_>) -> Py<PyAny> {
+    current_for(py, hook::current_thread_state(py))
+}
+
+fn current_for(py: Python<'_>, tstate: usize) -> Py<PyAny> {
     let h = HOOK.with(|h| h.get());
-    if h.tstate != hook::current_thread_state(py) {
+    if h.tstate != tstate {
         return py.None();
     }
     match h.mode {
@@ -160,17 +169,8 @@ fn parse_mode(new: &Bound<'_, PyAny>) -> PyResult<Mode> {
     }
 }
 
-/// This thread's active flag, creating its holder on first use (per thread state).
-fn thread_flag(py: Python<'_>, tstate: usize) -> PyResult<Arc<AtomicBool>> {
-    let existing = SLOT.with(|s| {
-        s.borrow()
-            .as_ref()
-            .filter(|s| s.tstate == tstate)
-            .map(|s| Arc::clone(&s.active))
-    });
-    if let Some(a) = existing {
-        return Ok(a);
-    }
+/// Create this thread state's holder and link it (first callback set on a thread state).
+fn thread_flag(py: Python<'_>, tstate: usize) -> PyResult<()> {
     let dict = hook::thread_state_dict(py)
         .ok_or_else(|| PyRuntimeError::new_err("ferrodyn: no thread state dict"))?;
     let active = Arc::new(AtomicBool::new(false));
@@ -189,27 +189,20 @@ fn thread_flag(py: Python<'_>, tstate: usize) -> PyResult<Arc<AtomicBool>> {
     });
     drop(stale);
     dict.set_item(intern!(py, "ferrodyn._C.eval_frame_callback"), holder)?;
-    Ok(active)
+    Ok(())
 }
 
 /// Set this thread's callback; returns the previous one.
 pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     let mode = parse_mode(new)?;
-    let prev = current(py);
     let tstate = hook::current_thread_state(py);
+    let prev = current_for(py, tstate);
     let h = HOOK.with(|h| h.get());
     let in_callback = h.in_callback && h.tstate == tstate;
-    let flag = if mode == Mode::Off {
-        // Nothing to create for "off": a thread without a holder has no share to give back.
-        SLOT.with(|s| {
-            s.borrow()
-                .as_ref()
-                .filter(|s| s.tstate == tstate)
-                .map(|s| Arc::clone(&s.active))
-        })
-    } else {
-        Some(thread_flag(py, tstate)?)
-    };
+    if mode != Mode::Off && !SLOT.with(|s| s.borrow().as_ref().is_some_and(|s| s.tstate == tstate))
+    {
+        thread_flag(py, tstate)?; // first callback on this thread state: create its holder
+    }
     let old_cb = CALLBACK.with(|c| {
         let cb = (mode == Mode::Callback).then(|| new.clone().unbind());
         std::mem::replace(&mut *c.borrow_mut(), cb)
@@ -221,13 +214,21 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
             tstate,
         })
     });
-    if let Some(flag) = flag {
-        if mode == Mode::Off {
-            deactivate(&flag);
-        } else {
-            activate(&flag);
-            hook::install(py);
-        }
+    // Flip this thread's share of the install count (a thread without a holder has none).
+    let uninstall = SLOT.with(
+        |s| match s.borrow().as_ref().filter(|s| s.tstate == tstate) {
+            Some(slot) if mode == Mode::Off => release(&slot.active),
+            Some(slot) => {
+                activate(&slot.active);
+                false
+            }
+            None => false,
+        },
+    );
+    if mode != Mode::Off {
+        hook::install(py);
+    } else if uninstall {
+        hook::uninstall(py);
     }
     drop(old_cb); // last: may run Python code
     Ok(prev)

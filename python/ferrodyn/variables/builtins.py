@@ -10,6 +10,7 @@ Does not own operators between trackers (operators.py), which several entries de
 from __future__ import annotations
 
 import builtins
+import collections
 import functools
 import itertools
 import math
@@ -161,6 +162,12 @@ def _list(tx, iterable=None):
     return ListVariable.new(_items(tx, iterable) if iterable is not None else [])
 
 
+def _ordered_dict(tx, arg=None, **kwargs):
+    d = _dict(tx, arg, **kwargs)
+    d.state.cls = collections.OrderedDict
+    return d
+
+
 def _dict(tx, arg=None, **kwargs):
     d = DictVariable.new({})
     if arg is not None:
@@ -296,6 +303,16 @@ def _islice(tx, iterable, *args):
     return IteratorVariable.over(_items(tx, iterable)[slice(*bounds)])
 
 
+def _pow(tx, base, exp, mod=None):
+    if mod is not None:
+        return _scalar(pow)(tx, base, exp, mod)
+    return ops.binary_op(tx, operator.pow, base, exp)
+
+
+def _round(tx, number, ndigits=None):
+    return _scalar(round)(tx, *([number] if ndigits is None else [number, ndigits]))
+
+
 def _unsupported(name, reason):
     def handler(tx, *args, **kwargs):
         unsupported(f"{name}()", reason)
@@ -330,7 +347,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     max: _minmax(max), abs: _abs, sum: _sum, any: _any, all: _all, getattr: _getattr,
     hasattr: _hasattr, setattr: _setattr, type: _type, tuple: _tuple, list: _list,
     dict: _dict, int: _scalar(int), float: _scalar(float), bool: _scalar(bool),
-    str: _scalar(str), complex: _scalar(complex), round: _scalar(round), iter: _iter,
+    str: _scalar(str), complex: _scalar(complex), round: _round, pow: _pow, iter: _iter,
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
@@ -341,7 +358,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     tuple.__new__: _tuple_new,
     itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
     itertools.islice: _islice,
-    set: _set, frozenset: _frozenset,
+    set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
     operator.index: _scalar(operator.index),

@@ -21,6 +21,7 @@ from ferrodyn.variables.base import VariableTracker, unsupported
 CONSTANT_TYPES: tuple[type, ...] = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
     slice, range, torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format,
+    torch.finfo, torch.iinfo,
 )
 
 

@@ -176,6 +176,9 @@ def TupleVariableFrom(value: tuple) -> VariableTracker:
 def is_same(tx, a: VariableTracker, b: VariableTracker) -> bool:
     """`a is b` at trace time."""
     a, b = tx.realize(a), tx.realize(b)
+    if _is_tensor(a) and _is_tensor(b) and a.node is not b.node and a.example is b.example:
+        unsupported("`is` between two inputs that are the same tensor (aliasing is not guarded)",
+                    BreakReason.OTHER)
     if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
         return a.value is b.value
     if isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable):

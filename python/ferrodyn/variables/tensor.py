@@ -211,6 +211,13 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
     node = tx.output.create_node(kind, target, tuple(pa), pk)
     if _is_inplace(kind, target) or "out" in ek or ek.get("inplace") is True:
         tx.output.mutation_epoch += 1
+    for arg, fake in zip(args, ea):
+        arg = tx.realize(arg)
+        if example is fake and isinstance(arg, TensorVariable):
+            # the op returned one of its inputs (`x.add_(1)`, `x += 1`): same tensor, same
+            # tracker, so `is` and later uses see one object
+            node.meta["example_value"] = example
+            return arg
     result = wrap_graph_value(tx, node, example, name)
     if kind == "call_function" and target in CONST_FACTORIES and \
             isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]):
