@@ -1,19 +1,19 @@
-"""The model zoo (models_zoo.py) compiled with ferrodyn: compiled == eager on the same inputs and
+"""The model zoo (tests/models_zoo/) compiled with ferrodyn: compiled == eager on the same inputs and
 seeds over capture, cache hit, reshape (recompile) and a state change (config flag, train/eval),
 module state (BatchNorm running stats, in-place buffers) and gradients included; with a
 counting backend over "eager" and over "aot_eager".
 
 Graph-count expectations: models in ONE_GRAPH are captured today as exactly one graph of the
 whole forward, so a regression in the converter shows here. A model not in it only has to give
-eager-equal results (it may run eagerly); `python tests/models_zoo.py` prints the table with
-torch.compile's graph counts and ferrodyn's reasons for running eagerly.
+eager-equal results (it may run eagerly); `PYTHONPATH=python:tests python -m models_zoo` prints
+the table with torch.compile's graph counts and ferrodyn's reasons for running eagerly.
 """
 
 import pytest
 import torch
 
 import ferrodyn
-from models_zoo import CASES, CASES_BY_NAME, ferrodyn_run, is_top_frame
+from models_zoo import CASES, CASES_BY_NAME, ferrodyn_run, is_top_frame, run_case
 
 pytest.importorskip("ferrodyn.symbolic")
 
@@ -24,6 +24,19 @@ ONE_GRAPH = {
     "rnn_cell_loop", "mlp_dropout_eval", "mlp_dropout_train", "moduledict_router",
     "functional_where_einsum", "dict_output", "namedtuple_output", "isinstance_modulelist",
     "buffer_inplace_update", "embedding_bag_classifier", "conv1d_audio",
+    "hf_style_encoder", "vit_tiny", "unet_small", "shuffle_se_block", "vae", "moe_dense_top2",
+    "rotary_sdpa", "timm_style", "super_forward", "teacher_student_no_grad", "autocast_bf16",
+    "logging_in_forward", "label_smoothing_loss", "pyramid_pool",
+}
+
+# Run eagerly by ferrodyn today, captured by torch.compile (the reason, from ferrodyn.explain).
+# These must still give eager-equal results; move a name to ONE_GRAPH once it is captured.
+RUNS_EAGERLY = {
+    "hf_style_encoder_kwargs": "tuple concatenation `() + (h,)`; constructing a dataclass in the frame",
+    "nn_gru": "nn.GRU reads its flat weights through weakref.ref calls",
+    "forward_hooks_features": "submodules with forward hooks",
+    "item_in_forward": "Tensor.item() (torch.compile: 2 graphs around a graph break)",
+    "moe_sparse_dispatch": "torch.where(cond) has a data-dependent shape (torch.compile: 0 graphs too)",
 }
 
 # aot_eager runs: the cases where AOT autograd adds something (backward graphs, input
@@ -68,14 +81,14 @@ def test_zoo_aot_eager_backend_matches_eager(name):
     _check_counts(case, rep)
 
 
-def test_one_graph_names_are_zoo_cases():
-    assert ONE_GRAPH <= set(CASES_BY_NAME) and set(AOT_CASES) <= set(CASES_BY_NAME)
+def test_expectation_tables_name_every_case_once():
+    assert ONE_GRAPH | set(RUNS_EAGERLY) == set(CASES_BY_NAME)
+    assert not ONE_GRAPH & set(RUNS_EAGERLY) and set(AOT_CASES) <= set(CASES_BY_NAME)
 
 
 def test_a_wrong_result_is_caught():
     """The differential routine itself fails on a wrong compiled result (a backend that adds 1
     to every floating output)."""
-    from models_zoo import run_case
 
     def off_by_one(gm, example_inputs):
         def run(*args):
