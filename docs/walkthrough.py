@@ -177,7 +177,7 @@ tree = guards.compile_guards([*traced.guards, GuardSpec.make(None, GuardKind.GLO
 say("leaves, in evaluation order:", *(f"  {leaf}" for leaf in tree.leaves()))
 assert len(tree) == len(tree.leaves()) >= 6
 assert tree.leaves().index("type(L['bias']) is bool") < tree.leaves().index("L['bias'] == True")
-assert tree.leaves()[-1].startswith("tensor_match(")  # tensor checks last: the dearest
+assert tree.leaves()[-1].startswith("tensor_match(")  # tensor checks last: the most expensive
 
 g, b = frame.f_globals, frame.f_builtins
 assert tree.check((torch.randn(3, 4), torch.randn(4, 2), True), g, b)  # other values, same kind
@@ -201,8 +201,6 @@ assert "G['SCALE'] == 2.0" in tree.explain((x, w, True), {**g, "SCALE": 3.0}, b)
 # that pass the guards is a hit in Rust, without calling back into Python.
 
 section("5. the loop, by hand")
-
-
 traced_calls = []
 
 
@@ -300,8 +298,9 @@ say(*str(report).splitlines()[:4])
 assert report.graph_count == 1 and report.graph_break_count == 0
 assert any("L['bias'] == True" in guard for guard in report.guards)
 
-# Code the converter cannot capture runs eagerly (never a wrong result); with fullgraph=True it
-# raises ferrodyn.Unsupported, which is also torch.compile's Unsupported.
+# Not every frame can be captured. Code the converter cannot model (here: a branch on tensor
+# data) runs eagerly -- never a wrong result -- and with fullgraph=True it raises
+# ferrodyn.Unsupported naming the construct and the line, catchable as torch.compile's own.
 
 
 def data_dependent(x):

@@ -16,7 +16,7 @@ from models_zoo.patterns import (
     SuperForwardNet, TeacherStudent, make_mlp, masked_attention,
 )
 from models_zoo.sequence import (
-    BagClassifier, DecoderBlock, EncoderStack, GRUClassifier, HFStyleEncoder, RotaryAttention,
+    BagClassifier, BertStyleSelfAttention, DecoderBlock, GreedyGenerator, EncoderStack, GRUClassifier, HFStyleEncoder, RotaryAttention,
     SelfAttention, TinyGPT, UnrolledRNN,
 )
 from models_zoo.vision import (
@@ -173,6 +173,11 @@ CASES: list[Case] = [
     Case("label_smoothing_loss", _seeded(LabelSmoothingLoss),
          lambda v, s: (_randn((4, 6)[v], 16, seed=s), torch.randint(0, 5, ((4, 6)[v],), generator=_g(s))),
          grad=True),
+    Case("bert_style_attention", _seeded(BertStyleSelfAttention),
+         lambda v, s: (_randn(2, (5, 7)[v], 32, seed=s), (_randn(2, (5, 7)[v], seed=s) > -1).long()),
+         atol=1e-4, rtol=1e-4),
+    Case("greedy_generate_no_grad", _seeded(GreedyGenerator), lambda v, s: (_tokens(2, (4, 6)[v], 50, s),),
+         atol=1e-4, rtol=1e-4),
     Case("pyramid_pool", _seeded(PyramidPool), lambda v, s: (_randn(2, 3, *((8, 8), (12, 12))[v], seed=s),)),
 ]
 

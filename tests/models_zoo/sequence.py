@@ -228,3 +228,51 @@ class RotaryAttention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class BertStyleSelfAttention(nn.Module):
+    """transformers' BERT idioms: transpose_for_scores with `x.size()[:-1] + (heads, dim)`,
+    layers indexed by `range(len(self.layers))`, an additive attention mask."""
+
+    def __init__(self, d=32, heads=4, layers=2):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.layers = nn.ModuleList([nn.ModuleDict({"q": nn.Linear(d, d), "k": nn.Linear(d, d),
+                                                    "v": nn.Linear(d, d), "o": nn.Linear(d, d)})
+                                     for _ in range(layers)])
+
+    def transpose_for_scores(self, x):
+        new_shape = x.size()[:-1] + (self.heads, self.hd)
+        return x.view(new_shape).permute(0, 2, 1, 3)
+
+    def forward(self, hidden, mask):
+        additive = (1.0 - mask[:, None, None, :].float()) * -10000.0
+        for i in range(len(self.layers)):
+            layer = self.layers[i]
+            q = self.transpose_for_scores(layer["q"](hidden))
+            k = self.transpose_for_scores(layer["k"](hidden))
+            v = self.transpose_for_scores(layer["v"](hidden))
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hd) + additive
+            ctx = torch.matmul(nn.functional.softmax(scores, dim=-1), v).permute(0, 2, 1, 3).contiguous()
+            ctx = ctx.view(ctx.size()[:-2] + (self.heads * self.hd,))
+            hidden = hidden + layer["o"](ctx)
+        return hidden
+
+
+class GreedyGenerator(nn.Module):
+    """Greedy decoding: a @torch.no_grad() forward that grows the sequence with torch.cat over a
+    fixed number of steps (shapes change inside the frame)."""
+
+    def __init__(self, steps=3):
+        super().__init__()
+        self.steps = steps
+        self.gpt = TinyGPT(block_size=24)
+
+    @torch.no_grad()
+    def forward(self, idx):
+        for _ in range(self.steps):
+            logits = self.gpt(idx[:, -16:])
+            nxt = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+

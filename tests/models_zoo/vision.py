@@ -21,6 +21,7 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)  # as in torchvision
         self.downsample = None
         if stride != 1 or cin != cout:
             self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
@@ -28,11 +29,12 @@ class BasicBlock(nn.Module):
 
     def forward(self, x):
         identity = x
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         if self.downsample is not None:
             identity = self.downsample(x)
-        return F.relu(out + identity)
+        out += identity
+        return self.relu(out)
 
 
 class TinyResNet(nn.Module):
@@ -78,7 +80,7 @@ class TinyViT(nn.Module):
         self.pos = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, d) * 0.02)
         self.blocks = nn.Sequential(*[nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, activation="gelu",
                                                                  batch_first=True, norm_first=True)
-                                      for _ in range(2)])
+                                      for _ in range(1)])
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, classes)
 
