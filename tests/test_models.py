@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ferrodyn
-from models_zoo import CASES, CASES_BY_NAME, ferrodyn_run, is_top_frame, run_case
+from models_zoo import CASES, CASES_BY_NAME, ferrodyn_run, invoke, is_top_frame, run_case
 
 pytest.importorskip("ferrodyn.symbolic")
 
@@ -77,6 +77,19 @@ def test_zoo_aot_eager_backend_matches_eager(name):
     case = CASES_BY_NAME[name]
     rep, _ = ferrodyn_run(case, "aot_eager", grad=case.grad)
     _check_counts(case, rep)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS_EAGERLY))
+def test_models_run_eagerly_raise_unsupported_under_fullgraph(name):
+    """What runs eagerly is refused cleanly under fullgraph=True: ferrodyn.Unsupported naming a
+    file and line, never another error. (If this starts capturing, move it to ONE_GRAPH.)"""
+    case = CASES_BY_NAME[name]
+    model = case.build()
+    model.train(case.train)
+    compiled = ferrodyn.compile(model, backend="eager", fullgraph=True)
+    with pytest.raises(ferrodyn.Unsupported) as info:
+        invoke(compiled, case.inputs(0, 0))
+    assert info.value.filename and info.value.lineno, str(info.value)
 
 
 def test_expectation_tables_name_every_case_once():
