@@ -78,9 +78,32 @@ def _run(rounds, ferrodyn, dynamo) -> list[dict]:
         case = f"{n} tensor args" + ("" if captured else " [ferrodyn ran eagerly]")
         rows.append({"case": case, "ferrodyn": t["ferrodyn"] / 1e3, "reference": t["torch"] / 1e3,
                      "unit": "us", "reference_name": "torch.compile", "eager_us": t["eager"] / 1e3})
+    # an nn.Module (one parameter): OptimizedModule vs torch.compile's OptimizedModule
+    mod = _Scale()
+    x = torch.randn(4)
+    ferrodyn.reset()
+    dynamo.reset()
+    fd, tc = ferrodyn.compile(mod, backend="eager"), torch.compile(mod, backend="eager")
+    with torch.no_grad():
+        for f in (fd, tc):
+            f(x)
+            f(x)
+        t = paired_overhead_ns(lambda: mod(x), {"ferrodyn": lambda: fd(x), "torch": lambda: tc(x)},
+                               inner=200, rounds=rounds)
+    rows.append({"case": "nn.Module, 1 tensor arg", "ferrodyn": t["ferrodyn"] / 1e3,
+                 "reference": t["torch"] / 1e3, "unit": "us", "reference_name": "torch.compile"})
     ferrodyn.reset()
     dynamo.reset()
     return rows
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x * self.w
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ BINOPS = ["+", "-", "*"]
 def _stmt(draw, depth):
     kind = draw(st.sampled_from(
         ["bin", "unary", "method", "if", "for", "comp", "helper", "tuple", "dict", "index",
-         "int", "nograd", "while", "inplace", "fstring", "closure"] if depth < 2 else
+         "int", "nograd", "while", "inplace", "fstring", "closure", "set", "obj", "module",
+         "walrus"] if depth < 2 else
         ["bin", "unary", "method", "int", "index", "tuple"]))
     k = draw(st.integers(0, 3))
     if kind == "bin":
@@ -37,7 +38,7 @@ def _stmt(draw, depth):
         return ["j = 0", f"while j < {k}:", "    x = x * 0.5 + j", "    j += 1"]
     if kind == "comp":
         return [f"acc = [x * (j + 1) for j in range({k + 1}) if j != n]",
-                "x = sum(acc) / (len(acc) + 1)"]
+                "x = (sum(acc) + x) / (len(acc) + 1)"]
     if kind == "helper":
         return [f"x = helper(x, k={k})"]
     if kind == "tuple":
@@ -56,6 +57,14 @@ def _stmt(draw, depth):
         return [f"tag = f'n={{n}}-{k}'", "x = x + len(tag)"]
     if kind == "closure":
         return ["scale = n + 1", "def mul(v):", "    return v * scale", "x = mul(x) * 0.1"]
+    if kind == "set":
+        return ["s = {n, n + 1, 2}", "s.add(7)", "x = x + len(s) + (1 if 2 in s else 0)"]
+    if kind == "obj":
+        return ["o = Acc(x)", "o.add(y)", f"o.add({k})", "x = o.total * 0.5"]
+    if kind == "module":
+        return ["x = LIN(x).tanh()"]
+    if kind == "walrus":
+        return ["if (m := n + 1) > 2:", "    x = x * m"]
     raise AssertionError(kind)
 
 
@@ -73,12 +82,49 @@ def helper(v, k=1):
     return v * k - v.mean()
 
 
+class Acc:
+    def __init__(self, start):
+        self.total = start
+
+    def add(self, v):
+        self.total = self.total + v
+
+
+LIN = torch.nn.Linear(3, 3)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(src=programs(), n=st.integers(0, 4))
 def test_random_programs_match_eager(src, n):
-    ns = {"torch": torch, "helper": helper}
+    ns = {"torch": torch, "helper": helper, "Acc": Acc, "LIN": LIN}
     exec(compile(textwrap.dedent(src), "<generated>", "exec"), ns)
     fn = ns["f"]
     args = (torch.randn(3), torch.randn(3), n, [torch.randn(3), torch.randn(3)])
     result = check(fn, *args)  # raises Unsupported if the frame could not be captured whole
     assert result.graph is not None
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(src=programs(), n=st.integers(0, 4))
+def test_random_programs_through_compile_one_graph(src, n):
+    import ferrodyn
+    from translate_harness import assert_same
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ns = {"torch": torch, "helper": helper, "Acc": Acc, "LIN": LIN}
+    exec(compile(textwrap.dedent(src), "<generated>", "exec"), ns)
+    fn = ns["f"]
+    args = (torch.randn(3), torch.randn(3), n, [torch.randn(3), torch.randn(3)])
+    ferrodyn.reset()
+    try:
+        compiled = ferrodyn.compile(fn, backend=backend, fullgraph=True)
+        for _ in range(2):  # second call: a cache hit, same result
+            assert_same(fn(*args), compiled(*args))
+    finally:
+        ferrodyn.reset()
+    assert len(graphs) <= 1  # one graph (none when the program has no tensor op left)

@@ -147,3 +147,19 @@ def test_ordered_dict_created_in_frame():
         d["a"] = x * 2
         return d, list(d)
     check(f, torch.randn(2))
+
+
+def test_comprehension_variables_captured_by_lambdas():
+    def f(x):
+        fns = [lambda v, i=i: v * i for i in range(3)]
+        late = [lambda v: v + j for j in range(2)]
+        return [g(x) for g in fns], [g(x) for g in late]
+    check(f, torch.randn(2))
+
+
+def test_min_max_with_key():
+    def f(x, xs):
+        longest = max(xs, key=lambda t: t.shape[0])
+        first = min(["bb", "a", "ccc"], key=len)
+        return longest * x.sum(), first
+    check(f, torch.randn(2), [torch.randn(2), torch.randn(5), torch.randn(3)])

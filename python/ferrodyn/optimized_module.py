@@ -24,9 +24,9 @@ def _inline_frame(mod: torch.nn.Module) -> Callable[..., Any]:
     is torch's own (nn.Linear, nn.TransformerEncoderLayer, ...), which are never traced as
     frames of their own."""
 
-    def make(_call_module_target):
+    def make(mod):
         def call_module(*args, **kwargs):
-            return _call_module_target(*args, **kwargs)
+            return mod(*args, **kwargs)
         return call_module
 
     fn = make(mod)

@@ -99,11 +99,18 @@ def _reversed(tx, seq):
 
 def _minmax(fn):
     def handler(tx, *args, key=None, default=None):
-        if key is not None:
-            unsupported(f"{fn.__name__}(key=...)", BreakReason.UNSUPPORTED_BUILTIN)
         items = _items(tx, args[0]) if len(args) == 1 else list(args)
         if not items and default is not None:
             return default
+        if key is not None:
+            key_fn = tx.realize(key)
+            keys = _consts(tx, [key_fn.call_function(tx, [i], {}) for i in items])
+            if keys is None:
+                unsupported(f"{fn.__name__}() by non-constant keys", BreakReason.DATA_DEPENDENT)
+            if not items:
+                unsupported(f"{fn.__name__}() of an empty sequence", BreakReason.EXCEPTION)
+            best = fn(range(len(items)), key=lambda n: keys[n])
+            return items[best]
         vals = _consts(tx, items)
         if vals is None:
             unsupported(f"{fn.__name__}() over non-constants", BreakReason.DATA_DEPENDENT)

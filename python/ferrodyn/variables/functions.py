@@ -349,3 +349,6 @@ class OpaqueVariable(VariableTracker):
 
     def describe(self):
         return f"{type(self.value).__name__} object (not modelled)"
+
+    def truth(self, tx):
+        unsupported(f"truth value of {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
