@@ -9,6 +9,10 @@ eager-equal results (it may run eagerly); `PYTHONPATH=python:tests python -m mod
 the table with torch.compile's graph counts and ferrodyn's reasons for running eagerly.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -27,7 +31,8 @@ ONE_GRAPH = {
     "hf_style_encoder", "vit_tiny", "unet_small", "shuffle_se_block", "vae", "moe_dense_top2",
     "rotary_sdpa", "timm_style", "super_forward", "teacher_student_no_grad", "autocast_bf16",
     "logging_in_forward", "label_smoothing_loss", "pyramid_pool", "bert_style_attention",
-    "greedy_generate_no_grad",
+    "greedy_generate_no_grad", "droppath_train", "fpn_interpolate", "input_inplace",
+    "gpt_weight_tying",
 }
 
 # Run eagerly by ferrodyn today, captured by torch.compile (the reason, from ferrodyn.explain).
@@ -110,3 +115,27 @@ def test_a_wrong_result_is_caught():
     with pytest.raises(AssertionError, match="mlp_dropout_eval"):
         run_case(CASES_BY_NAME["mlp_dropout_eval"], lambda m: ferrodyn.compile(m, backend=off_by_one),
                  lambda: 0)
+
+
+_FIRST_CALL_RNG = """
+import torch, ferrodyn
+def drop(x):
+    keep = x.new_empty(x.shape).bernoulli_(0.5)
+    return x * keep.div_(0.5)
+x = torch.ones(256)
+torch.manual_seed(0); want = drop(x); eager_next = torch.rand(4)
+compiled = ferrodyn.compile(drop, backend="eager")
+torch.manual_seed(0); got = compiled(x); compiled_next = torch.rand(4)
+assert torch.equal(got, want), "the first compiled call drew other random numbers than eager"
+assert torch.equal(compiled_next, eager_next), "compiling moved the global RNG"
+"""
+
+
+def test_first_compiled_call_in_a_process_draws_the_random_numbers_eager_draws():
+    """Compiling (tracing, guard building, one-time calibration) must not consume the global
+    RNG: with the same seed, a dropout-style model's first compiled call equals eager. Run in a
+    fresh interpreter, because one-time work happens only in the first compile of a process."""
+    proc = subprocess.run([sys.executable, "-c", _FIRST_CALL_RNG], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+

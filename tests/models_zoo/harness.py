@@ -74,6 +74,10 @@ def assert_same(got, want, case: Case, what: str) -> None:
             assert a == b, f"{case.name} {what} {path}: {a!r} != {b!r}"
 
 
+def _args_of(inputs) -> tuple:
+    return (tuple(inputs.args), dict(inputs.kwargs)) if hasattr(inputs, "kwargs") else tuple(inputs)
+
+
 def _prepare(case: Case):
     eager, other = case.build(), case.build()  # built twice from one seed (a deepcopy would
     if isinstance(eager, nn.Module):          # share hooks' closures between the two)
@@ -138,12 +142,13 @@ def run_case(case: Case, compile_fn: Callable[[Any], Any], count: Callable[[], i
     rep = rep if rep is not None else Report()
 
     def call(step: str, variant: int, seed: int) -> None:
-        args = case.inputs(variant, seed)
+        args, args_c = case.inputs(variant, seed), case.inputs(variant, seed)  # each run its own
+        torch.manual_seed(100 + seed)                                        # (inputs may be
+        want = invoke(eager, args)                                           # mutated in place)
         torch.manual_seed(100 + seed)
-        want = invoke(eager, args)
-        torch.manual_seed(100 + seed)
-        got = invoke(compiled, args)
+        got = invoke(compiled, args_c)
         assert_same(got, want, case, f"[{step}] output")
+        assert_same(_args_of(args_c), _args_of(args), case, f"[{step}] inputs after the call")
         if grad:
             _loss(want).backward()
             _loss(got).backward()

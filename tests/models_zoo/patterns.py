@@ -299,3 +299,31 @@ class LabelSmoothingLoss(nn.Module):
         manual = torch.sum(-target * F.log_softmax(logits, dim=-1), dim=-1).mean()
         builtin = F.cross_entropy(logits, labels, label_smoothing=0.1)
         return manual, builtin
+
+
+class InputInPlace(nn.Module):
+    """Mutates its input in place (clamp_, masked_fill_) before using it: the caller sees it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x, mask):
+        x.clamp_(-1.0, 1.0)
+        x.masked_fill_(mask, 0.0)
+        return self.fc(x)
+
+
+class TiedGPT(nn.Module):
+    """GPT-2's weight tying: the output head shares the token embedding's parameter."""
+
+    def __init__(self, vocab=40, d=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx):
+        return self.head(self.ln(torch.tanh(self.tok(idx))))
+

@@ -266,7 +266,7 @@ class GreedyGenerator(nn.Module):
     def __init__(self, steps=3):
         super().__init__()
         self.steps = steps
-        self.gpt = TinyGPT(block_size=24)
+        self.gpt = TinyGPT(n_layer=1, block_size=24)
 
     @torch.no_grad()
     def forward(self, idx):

@@ -195,3 +195,50 @@ class PyramidPool(nn.Module):
         x = F.relu(self.conv(x))
         feats = [F.adaptive_avg_pool2d(x, s) for s in self.sizes]
         return self.fc(torch.cat([f.flatten(1) for f in feats], dim=1))
+
+
+def drop_path(x, drop_prob: float = 0.0, training: bool = False):
+    """Stochastic depth per sample, as written in timm."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep_prob = 1 - drop_prob
+    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    random_tensor = x.new_empty(shape).bernoulli_(keep_prob)
+    if keep_prob > 0.0:
+        random_tensor.div_(keep_prob)
+    return x * random_tensor
+
+
+class DropPathBlock(nn.Module):
+    """A residual conv block with timm's DropPath (random in training, identity in eval)."""
+
+    def __init__(self, c=8, drop_prob=0.3):
+        super().__init__()
+        self.drop_prob = drop_prob
+        self.conv = nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.GELU())
+
+    def forward(self, x):
+        return x + drop_path(self.conv(x), self.drop_prob, self.training)
+
+
+class TinyFPN(nn.Module):
+    """Feature-pyramid top-down path: lateral 1x1 convs, F.interpolate(size=...shape[-2:])."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.c3 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.lateral = nn.ModuleList([nn.Conv2d(c, 8, 1) for c in (8, 16, 32)])
+
+    def forward(self, x):
+        f1 = F.relu(self.c1(x))
+        f2 = F.relu(self.c2(f1))
+        f3 = F.relu(self.c3(f2))
+        feats = [lat(f) for lat, f in zip(self.lateral, (f1, f2, f3))]
+        out = [feats[-1]]
+        for f in reversed(feats[:-1]):
+            up = F.interpolate(out[0], size=f.shape[-2:], mode="nearest")
+            out.insert(0, f + up)
+        return out
+
