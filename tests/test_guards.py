@@ -38,6 +38,15 @@ SENTINEL = Obj()
 SKIP = object()  # no passing value in the table (tested separately)
 
 # (id, leaf adder, a passing value, a failing value, the explanation of the failure (regex))
+class _DictSub(dict):
+    pass
+
+
+def _moved_to_end(d, key):
+    d.move_to_end(key)
+    return d
+
+
 LEAVES = [
     ("type_is", lambda b, n: b.type_is(n, int), 3, "a", r"type\(L\['x'\]\) is int \(got str\)"),
     ("type_is bool is not int", lambda b, n: b.type_is(n, int), 3, True, r"type\(L\['x'\]\) is int \(got bool\)"),
@@ -64,8 +73,15 @@ LEAVES = [
     ("length_is no len", lambda b, n: b.length_is(n, 2), "ab", 5, r"len\(L\['x'\]\) == 2 \(got an object of type int without len\(\)\)"),
     ("dict_keys", lambda b, n: b.dict_keys(n, ["a", "b"]), {"a": 1, "b": 2}, {"b": 2, "a": 1},
      r"list\(L\['x'\].keys\(\)\) == \['a', 'b'\] \(got \['b', 'a'\]\)"),
-    ("dict_keys exact dict", lambda b, n: b.dict_keys(n, ["a"]), {"a": 1}, collections.OrderedDict(a=1),
-     r"list\(L\['x'\].keys\(\)\) == \['a'\] \(got an object of type OrderedDict\)"),
+    # dict subclasses are checked in their own key order (OrderedDict keeps its own, apart from
+    # the underlying dict's: move_to_end changes only the former)
+    ("dict_keys OrderedDict", lambda b, n: b.dict_keys(n, ["a", "b"]), collections.OrderedDict(a=1, b=2),
+     _moved_to_end(collections.OrderedDict(a=1, b=2), "a"),
+     r"list\(L\['x'\].keys\(\)\) == \['a', 'b'\] \(got \['b', 'a'\]\)"),
+    ("dict_keys dict subclass", lambda b, n: b.dict_keys(n, ["a"]), _DictSub(a=1), _DictSub(b=1),
+     r"list\(L\['x'\].keys\(\)\) == \['a'\] \(got \['b'\]\)"),
+    ("dict_keys not a mapping", lambda b, n: b.dict_keys(n, ["a"]), {"a": 1}, 5,
+     r"list\(L\['x'\].keys\(\)\) == \['a'\] \(got an object of type int\)"),
 ]
 
 

@@ -138,12 +138,14 @@ impl Leaf {
                     type_name(v)
                 ),
             },
-            LeafKind::DictKeys(_) => match v.cast_exact::<PyDict>() {
-                Ok(d) => {
-                    let keys = d.keys().repr().map(|r| r.to_string()).unwrap_or_default();
+            LeafKind::DictKeys(_) => match mapping_keys(v) {
+                Some(ks) => {
+                    let keys = pyo3::types::PyList::new(py, ks)
+                        .and_then(|l| l.repr().map(|r| r.to_string()))
+                        .unwrap_or_default();
                     format!("{} (got {})", self.expr, short(&keys))
                 }
-                Err(_) => format!("{} (got an object of type {})", self.expr, type_name(v)),
+                None => format!("{} (got an object of type {})", self.expr, type_name(v)),
             },
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
@@ -166,13 +168,36 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
                     && d.keys()
                         .iter()
                         .zip(keys.iter())
-                        .all(|(k, e)| k.as_ptr() == e.as_ptr() || k.eq(e.bind(py)).unwrap_or(false))
+                        .all(|(k, e)| same_key(py, &k, e))
             }
-            Err(_) => false,
+            // Dict subclasses (OrderedDict keeps its own order, apart from the underlying
+            // dict's) and other mappings: their own `keys()`, in their order.
+            Err(_) => mapping_keys(v).is_some_and(|ks| {
+                ks.len() == keys.len()
+                    && ks.iter().zip(keys.iter()).all(|(k, e)| same_key(py, k, e))
+            }),
         },
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
     }
+}
+
+#[inline]
+fn same_key(py: Python<'_>, k: &Bound<'_, PyAny>, e: &Py<PyAny>) -> bool {
+    k.as_ptr() == e.as_ptr() || k.eq(e.bind(py)).unwrap_or(false)
+}
+
+/// The keys of a mapping in its own iteration order: an exact dict's directly, anything else's
+/// through its `keys()` method. None when the value has no usable `keys()`.
+fn mapping_keys<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if let Ok(d) = v.cast_exact::<PyDict>() {
+        return Some(d.keys().iter().collect());
+    }
+    if !v.is_instance_of::<PyDict>() && !v.hasattr("keys").unwrap_or(false) {
+        return None;
+    }
+    let ks = v.call_method0("keys").ok()?;
+    ks.try_iter().ok()?.collect::<PyResult<Vec<_>>>().ok()
 }
 
 pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
