@@ -28,7 +28,7 @@ ONE_GRAPH = {
     "rnn_cell_loop", "mlp_dropout_eval", "mlp_dropout_train", "moduledict_router",
     "functional_where_einsum", "dict_output", "namedtuple_output", "isinstance_modulelist",
     "buffer_inplace_update", "embedding_bag_classifier", "conv1d_audio",
-    "hf_style_encoder", "vit_tiny", "unet_small", "shuffle_se_block", "vae", "moe_dense_top2",
+    "hf_style_encoder", "hf_style_encoder_kwargs", "vit_tiny", "unet_small", "shuffle_se_block", "vae", "moe_dense_top2",
     "rotary_sdpa", "timm_style", "super_forward", "teacher_student_no_grad", "autocast_bf16",
     "logging_in_forward", "label_smoothing_loss", "pyramid_pool", "bert_style_attention",
     "greedy_generate_no_grad", "droppath_train", "fpn_interpolate", "input_inplace",
@@ -38,7 +38,6 @@ ONE_GRAPH = {
 # Run eagerly by ferrodyn today, captured by torch.compile (the reason, from ferrodyn.explain).
 # These must still give eager-equal results; move a name to ONE_GRAPH once it is captured.
 RUNS_EAGERLY = {
-    "hf_style_encoder_kwargs": "tuple concatenation `() + (h,)`; constructing a dataclass in the frame",
     "nn_gru": "nn.GRU reads its flat weights through weakref.ref calls",
     "forward_hooks_features": "submodules with forward hooks",
     "item_in_forward": "Tensor.item() (torch.compile: 2 graphs around a graph break)",

@@ -126,8 +126,17 @@ def bool_int_ops(x):
     return a | (x < 0), a ^ (x > 1), ~a
 
 
+def tuple_concat(x, y):
+    acc = ()
+    acc = acc + (x,)
+    acc += (y, 3)
+    acc = (1,) + acc
+    return acc, (x * 2,) + (), [x] + [], acc * 2
+
+
 @pytest.mark.parametrize("fn,args", [
     (arith, (t(3, 3), t(3, 3), 5, 2.5)),
+    (tuple_concat, (t(3), t(2))),
     (inplace, (t(3), t(3), 2)),
     (inplace_input_method, (t(4),)),
     (setitem_tensor, (t(3, 3),)),

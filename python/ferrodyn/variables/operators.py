@@ -54,6 +54,14 @@ def _const(v: VariableTracker) -> Any:
     return v.as_python_constant()
 
 
+def _const_tuple_as_sequence(v: VariableTracker, other: VariableTracker) -> VariableTracker:
+    from ferrodyn.variables.lists import ListVariable, TupleVariable
+    if isinstance(v, ConstantVariable) and type(_const(v)) is tuple and \
+            isinstance(other, (ListVariable, TupleVariable)):
+        return TupleVariable(items=tuple(wrap_constant(x) for x in _const(v)))
+    return v
+
+
 def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.dicts import DictVariable
     from ferrodyn.variables.lists import ListVariable, TupleVariable
@@ -69,6 +77,9 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
         res = set_binary(tx, fn, a, b)
         if res is not None:
             return res
+    # a constant tuple (`()` or `(1, 2)` from LOAD_CONST) meeting a sequence tracker behaves as
+    # the tuple of its constants: `acc = (); acc = acc + (x,)`
+    a, b = _const_tuple_as_sequence(a, b), _const_tuple_as_sequence(b, a)
     base = _INPLACE_TO_BINARY.get(fn, fn)
     inplace = fn is not base
     if isinstance(a, ListVariable) and inplace and base is operator.add:
