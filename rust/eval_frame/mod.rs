@@ -18,7 +18,7 @@ use crate::cache::{self, CacheEntry, CodeFlag};
 use crate::ffi::code_extra;
 use crate::ffi::frame::{FrameAction, InterceptedFrame};
 use crate::guards::{GuardInput, Locals};
-pub use thread::{thread_mode, Mode};
+pub use thread::{thread_mode, BackendCallback, Mode};
 pub use view::FrameView;
 
 /// The hook's pre-check, before it attaches to Python: false when the frame certainly runs
@@ -56,7 +56,7 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        let (hit, failures) = cache::lookup(py, st, &input);
+        let (hit, failures) = cache::lookup(py, st, &input, thread::backend_id());
         if failures > 0 {
             // A failing guard may have swallowed an exception, released under the bare token
             // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
@@ -170,6 +170,7 @@ fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FrameView>()?;
+    m.add_class::<BackendCallback>()?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(skip_code, m)?)?;
