@@ -1,4 +1,5 @@
-//! The thread-local callback and the interpreter-wide install count.
+//! The thread-local callback (with the backend id whose cache entries this thread's frames may
+//! run: [`BackendCallback`]) and the interpreter-wide install count.
 //!
 //! The hot path reads a `thread_local!` cell: the thread's mode and the thread state it was set
 //! for. Each thread that ever set a callback also has a [`CallbackHolder`] in its thread
