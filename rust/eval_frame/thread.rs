@@ -37,7 +37,7 @@ struct ThreadHook {
     in_callback: bool,
     /// The thread state the mode was set for (0: none).
     tstate: usize,
-    /// The backend whose entries this thread's frames may run (0: any; see [`backend_id`]).
+    /// The backend whose entries this thread's frames may run (0: any; see [`thread_hook`]).
     backend_id: i64,
 }
 
@@ -64,25 +64,21 @@ thread_local! {
 /// Threads with a non-None callback (holders whose flag is set).
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// The hot-path read: this thread's mode for frames of thread state `tstate`.
+/// The hot-path read: this thread's mode for frames of thread state `tstate` and its backend
+/// id, in one thread-local access (in a shared library each access is a call to
+/// `__tls_get_addr`). A lookup runs only entries whose `backend_id` is this one, or 0; 0 (a
+/// plain callable, run-only `False`, or no callback) matches every entry, as torch's run-only
+/// mode accepts entries of any backend.
 #[inline]
-pub fn thread_mode(tstate: usize) -> Mode {
+pub fn thread_hook(tstate: usize) -> (Mode, i64) {
     HOOK.with(|h| {
         let h = h.get();
         if h.tstate != tstate || h.in_callback {
-            Mode::Off
+            (Mode::Off, 0)
         } else {
-            h.mode
+            (h.mode, h.backend_id)
         }
     })
-}
-
-/// The backend id of this thread's callback: a lookup only runs entries whose `backend_id` is
-/// this one, or 0. 0 (a plain callable, run-only `False`, or no callback) matches every entry,
-/// as torch's run-only mode accepts entries of any backend.
-#[inline]
-pub fn backend_id() -> i64 {
-    HOOK.with(|h| h.get().backend_id)
 }
 
 /// A frame callback tied to a backend: `set_eval_frame(BackendCallback(cb, id))` calls `cb` on
@@ -220,6 +216,9 @@ pub fn callback(py: Python<'_>) -> Option<Py<PyAny>> {
 
 /// The mode, backend id and callable (Mode::Callback) that `new` sets.
 fn parse_mode<'py>(new: &Bound<'py, PyAny>) -> PyResult<(Mode, i64, Option<Bound<'py, PyAny>>)> {
+    if new.is_none() {
+        return Ok((Mode::Off, 0, None)); // the common restore: no type checks
+    }
     if let Ok(bc) = new.cast::<BackendCallback>() {
         let bc = bc.get();
         return Ok((
