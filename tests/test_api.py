@@ -217,6 +217,77 @@ def test_explain_rejects_non_callables():
         ferrodyn.explain(3)
 
 
+# ---- compile: one cache, entries per backend ---------------------------------------------------
+
+def _counting_backend(name, counts):
+    """A backend recording its compiles and the calls of the graphs it compiled."""
+    def backend(gm, example_inputs):
+        counts[name]["compiles"] += 1
+
+        def run(*args):
+            counts[name]["runs"] += 1
+            return gm.forward(*args)
+        return run
+    return backend
+
+
+def test_same_function_two_backends_each_runs_its_own_graph():
+    ferrodyn.reset()
+
+    def g(x):
+        return x.sin() * 2 + 1
+
+    counts = {n: {"compiles": 0, "runs": 0} for n in ("a", "b")}
+    ga = ferrodyn.compile(g, backend=_counting_backend("a", counts))
+    gb = ferrodyn.compile(g, backend=_counting_backend("b", counts))
+    x = torch.randn(4)
+    assert torch.equal(ga(x), g(x))
+    assert torch.equal(gb(x), g(x))  # b's wrapper does not run a's entry: it compiles its own
+    assert counts == {"a": {"compiles": 1, "runs": 1}, "b": {"compiles": 1, "runs": 1}}
+    for i in range(3):
+        y = torch.randn(4)
+        assert torch.equal(ga(y), g(y))
+        assert torch.equal(gb(y), g(y))
+        assert torch.equal(gb(y), g(y))
+    assert counts == {"a": {"compiles": 1, "runs": 4}, "b": {"compiles": 1, "runs": 7}}
+    entries = _C.cache_entries(g.__code__)
+    ids = sorted(e.backend_id for e in entries)
+    assert len(ids) == 2 and 0 not in ids and ids[0] != ids[1]
+    assert sorted(e.hits for e in entries) == [3, 6]
+
+    # Run-only mode (as torch's) runs whichever backend's entry passes first (the front one:
+    # b's, hit last) and never compiles.
+    prior = _C.set_eval_frame(False)
+    try:
+        assert torch.equal(g(x), x.sin() * 2 + 1)
+    finally:
+        _C.set_eval_frame(prior)
+    assert counts == {"a": {"compiles": 1, "runs": 4}, "b": {"compiles": 1, "runs": 8}}
+    ferrodyn.reset()
+
+
+def test_two_backends_share_the_per_code_limit():
+    ferrodyn.reset()
+
+    def g(x):
+        return x + 1
+
+    counts = {n: {"compiles": 0, "runs": 0} for n in ("a", "b")}
+    with config.patch(cache_size_limit=1):
+        ga = ferrodyn.compile(g, backend=_counting_backend("a", counts))
+        gb = ferrodyn.compile(g, backend=_counting_backend("b", counts))
+        x = torch.randn(3)
+        assert torch.equal(ga(x), g(x))
+        with pytest.warns(RuntimeWarning, match=r"ferrodyn.config.cache_size_limit") as rec:
+            assert torch.equal(gb(x), g(x))  # the limit is reached: b runs eagerly
+        msg = str(rec[0].message)
+        assert "'test_two_backends_share_the_per_code_limit.<locals>.g'" in msg and "(1 entries)" in msg
+        assert f"{__file__}:{g.__code__.co_firstlineno}" in msg
+        assert torch.equal(ga(x), g(x))
+    assert counts == {"a": {"compiles": 1, "runs": 2}, "b": {"compiles": 0, "runs": 0}}
+    ferrodyn.reset()
+
+
 def test_reset_clears_skip_flags_and_cache_entries():
     def g(x):
         return x

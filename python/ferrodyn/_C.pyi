@@ -67,17 +67,36 @@ class CacheEntry:
 
 Callback = Callable[[FrameView], CacheEntry | None]
 
-def set_eval_frame(callback: Callback | bool | None) -> Callback | bool | None:
+class BackendCallback:
+    """A callback tied to a backend. Installed with `set_eval_frame`, it calls `callback` on a
+    miss, and lookups run only entries whose `backend_id` equals `backend_id` or is 0 (entries
+    of other backends are neither run nor counted as guard failures; the per-code limit counts
+    them all). A plain callable, and run-only `False`, act as backend id 0: they run entries
+    of every backend, as torch's run-only mode does. `set_eval_frame` returns this object as
+    the prior callback, so `set_eval_frame(prior)` restores the backend id too. Calling it
+    calls `callback`."""
+
+    def __init__(self, callback: Callback, backend_id: int) -> None: ...
+    @property
+    def callback(self) -> Callback: ...
+    @property
+    def backend_id(self) -> int: ...
+    def __call__(self, frame: FrameView) -> CacheEntry | None: ...
+
+def set_eval_frame(
+    callback: Callback | BackendCallback | bool | None,
+) -> Callback | BackendCallback | bool | None:
     """Set this thread's callback and return the previous one.
 
     None: off. False: run cached entries only (a miss runs the frame normally). A callable:
     on a miss it is called with a FrameView (with the hook off for its own frames) and returns
     a CacheEntry, which is inserted and run, or None, which runs the frame normally. An
-    exception from the callback propagates out of the intercepted call. The interpreter-wide
-    PEP 523 function is installed only while at least one thread has a non-None callback.
+    exception from the callback propagates out of the intercepted call. A BackendCallback:
+    the same, limited to its backend's entries. The interpreter-wide PEP 523 function is
+    installed only while at least one thread has a non-None callback.
     """
 
-def get_eval_frame() -> Callback | bool | None:
+def get_eval_frame() -> Callback | BackendCallback | bool | None:
     """This thread's callback."""
 
 def skip_code(code: CodeType) -> None:

@@ -107,7 +107,11 @@ def is_skipped_file(filename: str) -> bool:
 _eager_trees: dict[int, tuple[Any, list[Any]]] = {}
 _frame_ids: dict[int, int] = {}
 _frame_counter = itertools.count()
+# id(backend) -> its backend id (1, 2, ...; never reused: a dead backend's mapping is dropped,
+# so a new backend at the same address gets a fresh id). Not reset: entries keep their ids.
 _backend_ids: dict[int, int] = {}
+_backend_counter = itertools.count(1)
+_backend_keep: list[Any] = []  # backends that cannot be weakly referenced: kept alive
 # objects with on_graph(record) / on_eager(record): explain() listens here
 recorders: list[Any] = []
 
@@ -120,7 +124,18 @@ def reset_state() -> None:
 
 
 def _backend_id(backend: Any) -> int:
-    return _backend_ids.setdefault(id(backend), len(_backend_ids) + 1)
+    """The id that ties a compiled entry to its backend: the hook runs an entry only for calls
+    through a wrapper of the same backend (`_C.BackendCallback`), as torch.compile does."""
+    key = id(backend)
+    bid = _backend_ids.get(key)
+    if bid is not None:
+        return bid
+    bid = _backend_ids[key] = next(_backend_counter)
+    try:
+        weakref.finalize(backend, _backend_ids.pop, key, None)
+    except TypeError:  # not weakly referenceable: keep it, so its id is never reused
+        _backend_keep.append(backend)
+    return bid
 
 
 def _compile_id(code: CodeType, n_entries: int) -> str:
@@ -269,7 +284,9 @@ class FrameCallback:
     def convert(self, frame) -> Any:
         code = frame.f_code
         entries = _C.cache_entries(code)
-        reasons = self._recompile_reasons(code, frame, entries) if entries else []
+        # The limit counts every backend's entries; the recompile reasons only this backend's.
+        mine = [e for e in entries if e.backend_id in (0, self.backend_id)]
+        reasons = self._recompile_reasons(code, frame, mine, len(entries)) if mine else []
         if len(entries) >= config.cache_size_limit:
             return None  # Rust runs the frame normally and warns once
         if _known_eager(code, frame):
@@ -350,7 +367,7 @@ class FrameCallback:
                 r.on_eager(record)
         return None
 
-    def _recompile_reasons(self, code, frame, entries) -> list[str]:
+    def _recompile_reasons(self, code, frame, entries, n_total: int) -> list[str]:
         if not (recompiles_log.isEnabledFor(logging.DEBUG) or recorders):
             return []
         reasons = []
@@ -361,7 +378,7 @@ class FrameCallback:
                 why = f"<could not explain: {err}>"
             reasons.append(f"[{e.compile_id}] {why}")
         if recompiles_log.isEnabledFor(logging.DEBUG):
-            if len(entries) >= config.cache_size_limit:
+            if n_total >= config.cache_size_limit:
                 recompiles_log.debug("%s: cache_size_limit (%d) reached, running eagerly; failed guards:\n  %s",
                                      _where(code), config.cache_size_limit, "\n  ".join(reasons))
             else:

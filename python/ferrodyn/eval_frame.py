@@ -16,14 +16,27 @@ from ferrodyn import _C
 _set_eval_frame = getattr(_C, "set_eval_frame", None)  # None only before the hook is built
 
 
+def hook_callback(callback: Any) -> Any:
+    """What the wrapper installs for `callback`: a callback with a non-zero `backend_id`
+    attribute (a FrameCallback) is tied to its backend with `_C.BackendCallback`, so that its
+    calls only run cache entries compiled for that backend (built once, per compile: the
+    per-call cost stays one `set_eval_frame` each way). Anything else is installed as is."""
+    backend_id = getattr(callback, "backend_id", 0)
+    if callback is not None and backend_id and hasattr(_C, "BackendCallback"):
+        return _C.BackendCallback(callback, backend_id)
+    return callback
+
+
 def wrap_compiled(fn: Callable[..., Any], callback: Any) -> Callable[..., Any]:
     """`fn` with `callback` installed as this thread's frame callback for the duration of each
-    call: every frame started inside (fn's own and its callees') is seen by the hook."""
+    call: every frame started inside (fn's own and its callees') is seen by the hook, and only
+    runs entries compiled for the callback's backend (see `hook_callback`)."""
     sef = _set_eval_frame
+    installed = hook_callback(callback)
 
     @functools.wraps(fn)
     def ferrodyn_compiled(*args, **kwargs):
-        prior = sef(callback)
+        prior = sef(installed)
         try:
             return fn(*args, **kwargs)
         finally:

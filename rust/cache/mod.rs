@@ -265,27 +265,42 @@ pub fn count_miss() {
     bump(&MISSES);
 }
 
-/// The first entry of `state` whose guards pass on `input`, moved to the front (a hit), or None;
-/// with the number of entries whose guards failed first.
+/// Whether an entry compiled for `entry` may run for a caller of backend `current`: equal ids,
+/// or either is 0 (an entry inserted without a backend, or a caller that accepts any backend:
+/// run-only mode and plain callbacks).
+#[inline]
+pub fn backend_matches(entry: i64, current: i64) -> bool {
+    entry == current || entry == 0 || current == 0
+}
+
+/// The first entry of `state` for backend `backend_id` (see [`backend_matches`]) whose guards
+/// pass on `input`, moved to the front (a hit), or None; with the number of entries whose
+/// guards failed (entries of other backends are not checked and not counted).
 pub fn lookup(
     py: Python<'_>,
     state: &CodeState,
     input: &GuardInput<'_, '_>,
+    backend_id: i64,
 ) -> (Option<EntryRef>, usize) {
     let snap = state.snapshot();
+    let mut failures = 0;
     for (i, e) in snap.iter().enumerate() {
         let entry = e.get();
+        if !backend_matches(entry.backend_id, backend_id) {
+            continue;
+        }
         if entry.guards.get().check_input(py, input) {
             entry.record_hit();
             bump(&HITS);
             if i != 0 {
                 state.promote(e);
             }
-            return (Some(Arc::clone(e)), i);
+            return (Some(Arc::clone(e)), failures);
         }
+        failures += 1;
         bump(&GUARD_FAILURES);
     }
-    (None, snap.len())
+    (None, failures)
 }
 
 /// `code` is at the limit and a frame of it will run normally: count it, and warn once per
@@ -315,8 +330,8 @@ fn warn_limit(code: &Bound<'_, PyCode>) -> PyResult<()> {
     let limit = cache_size_limit();
     let msg = format!(
         "ferrodyn: function '{name}' ({file}:{line}) reached the cache size limit ({limit} entries); \
-         its frames now run without compiling. Raise the limit with set_cache_size_limit() if \
-         the recompilations are expected."
+         its frames now run without compiling. Raise ferrodyn.config.cache_size_limit if the \
+         recompilations are expected."
     );
     let msg = CString::new(msg.replace('\0', "?")).unwrap_or_default();
     PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &msg, 1)
@@ -392,4 +407,20 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache_stats, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backend_matches;
+
+    #[test]
+    fn entries_run_only_for_their_backend_or_zero() {
+        assert!(backend_matches(3, 3));
+        assert!(!backend_matches(3, 4));
+        // An entry without a backend runs for every caller...
+        assert!(backend_matches(0, 4));
+        // ...and a caller without one (run-only, plain callbacks) runs every entry.
+        assert!(backend_matches(4, 0));
+        assert!(backend_matches(0, 0));
+    }
 }

@@ -18,7 +18,7 @@ use crate::cache::{self, CacheEntry, CodeFlag};
 use crate::ffi::code_extra;
 use crate::ffi::frame::{FrameAction, InterceptedFrame};
 use crate::guards::{GuardInput, Locals};
-pub use thread::{thread_mode, Mode};
+pub use thread::{thread_hook, BackendCallback, Mode};
 pub use view::FrameView;
 
 /// The hook's pre-check, before it attaches to Python: false when the frame certainly runs
@@ -37,10 +37,12 @@ pub fn worth_offering(mode: Mode, state: Option<&crate::cache::CodeState>) -> bo
 /// pyo3 attach guard (the GIL is held), so it creates no `Py<T>` it would drop: objects it
 /// handles are borrowed or `Bound` (an entry removed from the cache while it runs is released
 /// through pyo3's deferred-decref pool, later but correctly).
+/// `backend_id` is the thread's (from [`thread_hook`]): only entries of that backend (or 0) run.
 pub fn on_frame_cached(
     frame: &InterceptedFrame<'_>,
     state: Option<&crate::cache::CodeState>,
     mode: Mode,
+    backend_id: i64,
 ) -> Option<FrameAction> {
     let py = frame.py();
     if let Some(st) = state {
@@ -56,7 +58,7 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        let (hit, failures) = cache::lookup(py, st, &input);
+        let (hit, failures) = cache::lookup(py, st, &input, backend_id);
         if failures > 0 {
             // A failing guard may have swallowed an exception, released under the bare token
             // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
@@ -170,6 +172,7 @@ fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FrameView>()?;
+    m.add_class::<BackendCallback>()?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(skip_code, m)?)?;
@@ -202,7 +205,7 @@ mod tests {
 
     #[test]
     fn threads_start_with_the_hook_off() {
-        assert_eq!(thread_mode(0), Mode::Off);
-        assert_eq!(thread_mode(12345), Mode::Off);
+        assert_eq!(thread_hook(0), (Mode::Off, 0));
+        assert_eq!(thread_hook(12345), (Mode::Off, 0));
     }
 }

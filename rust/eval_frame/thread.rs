@@ -1,4 +1,5 @@
-//! The thread-local callback and the interpreter-wide install count.
+//! The thread-local callback (with the backend id whose cache entries this thread's frames may
+//! run: [`BackendCallback`]) and the interpreter-wide install count.
 //!
 //! The hot path reads a `thread_local!` cell: the thread's mode and the thread state it was set
 //! for. Each thread that ever set a callback also has a [`CallbackHolder`] in its thread
@@ -36,12 +37,15 @@ struct ThreadHook {
     in_callback: bool,
     /// The thread state the mode was set for (0: none).
     tstate: usize,
+    /// The backend whose entries this thread's frames may run (0: any; see [`thread_hook`]).
+    backend_id: i64,
 }
 
 const OFF: ThreadHook = ThreadHook {
     mode: Mode::Off,
     in_callback: false,
     tstate: 0,
+    backend_id: 0,
 };
 
 /// This thread's link to its holder.
@@ -52,24 +56,85 @@ struct Slot {
 
 thread_local! {
     static HOOK: Cell<ThreadHook> = const { Cell::new(OFF) };
-    static CALLBACK: RefCell<Option<Py<PyAny>>> = const { RefCell::new(None) };
+    /// (the object as set — returned by `get_eval_frame` —, the callable to call on a miss).
+    static CALLBACK: RefCell<Option<(Py<PyAny>, Py<PyAny>)>> = const { RefCell::new(None) };
     static SLOT: RefCell<Option<Slot>> = const { RefCell::new(None) };
 }
 
 /// Threads with a non-None callback (holders whose flag is set).
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// The hot-path read: this thread's mode for frames of thread state `tstate`.
+/// The hot-path read: this thread's mode for frames of thread state `tstate` and its backend
+/// id, in one thread-local access (in a shared library each access is a call to
+/// `__tls_get_addr`). A lookup runs only entries whose `backend_id` is this one, or 0; 0 (a
+/// plain callable, run-only `False`, or no callback) matches every entry, as torch's run-only
+/// mode accepts entries of any backend.
 #[inline]
-pub fn thread_mode(tstate: usize) -> Mode {
+pub fn thread_hook(tstate: usize) -> (Mode, i64) {
     HOOK.with(|h| {
         let h = h.get();
         if h.tstate != tstate || h.in_callback {
-            Mode::Off
+            (Mode::Off, 0)
         } else {
-            h.mode
+            (h.mode, h.backend_id)
         }
     })
+}
+
+/// A frame callback tied to a backend: `set_eval_frame(BackendCallback(cb, id))` calls `cb` on
+/// a miss and makes lookups consider only entries with `backend_id` `id` (or 0). The object
+/// itself is what `set_eval_frame` returns as the prior callback, so the usual
+/// `prior = set_eval_frame(x) ... set_eval_frame(prior)` restores the backend id too.
+#[pyclass(module = "ferrodyn._C", name = "BackendCallback", frozen)]
+pub struct BackendCallback {
+    callback: Py<PyAny>,
+    backend_id: i64,
+}
+
+#[pymethods]
+impl BackendCallback {
+    #[new]
+    fn py_new(callback: Bound<'_, PyAny>, backend_id: i64) -> PyResult<Self> {
+        if !callback.is_callable() || callback.is_instance_of::<BackendCallback>() {
+            return Err(PyTypeError::new_err(
+                "BackendCallback: callback must be a callable (not a BackendCallback)",
+            ));
+        }
+        if backend_id < 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "BackendCallback: backend_id must be >= 0",
+            ));
+        }
+        Ok(BackendCallback {
+            callback: callback.unbind(),
+            backend_id,
+        })
+    }
+
+    #[getter]
+    fn callback(&self, py: Python<'_>) -> Py<PyAny> {
+        self.callback.clone_ref(py)
+    }
+
+    #[getter]
+    fn backend_id(&self) -> i64 {
+        self.backend_id
+    }
+
+    /// Calls the callback (so the object is itself a valid callback).
+    fn __call__(&self, py: Python<'_>, frame: Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.callback.bind(py).call1((frame,)).map(Bound::unbind)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let cb = self
+            .callback
+            .bind(py)
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        format!("<BackendCallback {cb} backend_id={}>", self.backend_id)
+    }
 }
 
 /// Lives in a thread state's dict; owns that thread's share of the install count while
@@ -139,17 +204,34 @@ fn current_for(py: Python<'_>, tstate: usize) -> Py<PyAny> {
         Mode::Off => py.None(),
         Mode::RunOnly => PyBool::new(py, false).to_owned().into_any().unbind(),
         Mode::Callback => CALLBACK
-            .with(|c| c.borrow().as_ref().map(|c| c.clone_ref(py)))
+            .with(|c| c.borrow().as_ref().map(|c| c.0.clone_ref(py)))
             .unwrap_or_else(|| py.None()),
     }
 }
 
 /// The callback to call on a miss (Mode::Callback only).
 pub fn callback(py: Python<'_>) -> Option<Py<PyAny>> {
-    CALLBACK.with(|c| c.borrow().as_ref().map(|c| c.clone_ref(py)))
+    CALLBACK.with(|c| c.borrow().as_ref().map(|c| c.1.clone_ref(py)))
 }
 
-fn parse_mode(new: &Bound<'_, PyAny>) -> PyResult<Mode> {
+/// The mode, backend id and callable (Mode::Callback) that `new` sets.
+fn parse_mode<'py>(new: &Bound<'py, PyAny>) -> PyResult<(Mode, i64, Option<Bound<'py, PyAny>>)> {
+    if new.is_none() {
+        return Ok((Mode::Off, 0, None)); // the common restore: no type checks
+    }
+    if let Ok(bc) = new.cast::<BackendCallback>() {
+        let bc = bc.get();
+        return Ok((
+            Mode::Callback,
+            bc.backend_id,
+            Some(bc.callback.bind(new.py()).clone()),
+        ));
+    }
+    let mode = parse_plain(new)?;
+    Ok((mode, 0, (mode == Mode::Callback).then(|| new.clone())))
+}
+
+fn parse_plain(new: &Bound<'_, PyAny>) -> PyResult<Mode> {
     if new.is_none() {
         Ok(Mode::Off)
     } else if new.is_instance_of::<PyBool>() {
@@ -194,7 +276,7 @@ fn thread_flag(py: Python<'_>, tstate: usize) -> PyResult<()> {
 
 /// Set this thread's callback; returns the previous one.
 pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-    let mode = parse_mode(new)?;
+    let (mode, backend_id, call) = parse_mode(new)?;
     let tstate = hook::current_thread_state(py);
     let prev = current_for(py, tstate);
     let h = HOOK.with(|h| h.get());
@@ -204,7 +286,7 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         thread_flag(py, tstate)?; // first callback on this thread state: create its holder
     }
     let old_cb = CALLBACK.with(|c| {
-        let cb = (mode == Mode::Callback).then(|| new.clone().unbind());
+        let cb = call.map(|call| (new.clone().unbind(), call.unbind()));
         std::mem::replace(&mut *c.borrow_mut(), cb)
     });
     HOOK.with(|c| {
@@ -212,6 +294,7 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
             mode,
             in_callback,
             tstate,
+            backend_id,
         })
     });
     // Flip this thread's share of the install count (a thread without a holder has none).

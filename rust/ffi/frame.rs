@@ -132,7 +132,7 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     frame: *mut InterpreterFrame,
     throwflag: c_int,
 ) -> *mut ffi::PyObject {
-    let mode = crate::eval_frame::thread_mode(tstate as usize);
+    let (mode, backend_id) = crate::eval_frame::thread_hook(tstate as usize);
     if mode == crate::eval_frame::Mode::Off || throwflag != 0 || !replaceable(tstate, frame) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
@@ -154,7 +154,7 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     let py = Python::assume_attached();
     let view = InterceptedFrame::new(py, tstate, frame);
     let cached = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        crate::eval_frame::on_frame_cached(&view, state, mode)
+        crate::eval_frame::on_frame_cached(&view, state, mode, backend_id)
     }))
     .unwrap_or_else(|_| Some(panicked()));
     let action = match cached {
