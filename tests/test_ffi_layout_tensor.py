@@ -81,3 +81,58 @@ def test_view_meta_base_and_flag(layout):
     am = ctypes.c_void_p.from_address(v._cdata + layout["autograd_meta"]).value
     assert ctypes.c_void_p.from_address(am + layout["view_base"]).value == base._cdata
     assert ctypes.c_uint8.from_address(am + layout["view_engaged"]).value == 1
+
+
+# Fills the heap with freed float64 buffers whose 21st element alternates -1.0 / 1.0: a
+# TensorImpl allocated on such a chunk has the sign byte of that element where its bitfield word
+# ends, so the padding bit there (never written by TensorImpl's constructor) is set on some
+# tensors and clear on others. Calibration used to compare one wrapper per policy with one
+# policy-free wrapper and took such a padding bit for a policy bit whenever the two differed;
+# verification then failed on the first sample with the bit set ("tensor N: policy disagrees").
+POISON_HEAP = r"""
+import torch
+keep = []
+for _ in range(200):
+    junk = [torch.full((22,), -1.0 if i % 2 else 1.0, dtype=torch.float64) for i in range(64)]
+    keep.append(junk[::3])
+    del junk
+"""
+
+FIRST_USE_ON_A_POISONED_HEAP = POISON_HEAP + r"""
+import json
+from ferrodyn import _C
+fast, failure, layout = _C.tensor_fast_path(), _C._tensor_fast_path_failure(), _C._tensor_layout()
+print(json.dumps({"fast": fast, "failure": failure, "layout": layout}))
+"""
+
+
+def test_calibration_on_a_poisoned_heap_ignores_bitfield_padding(layout):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_USE_ON_A_POISONED_HEAP], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["fast"] and got["failure"] is None, got["failure"]
+    assert got["layout"] == layout  # the same offsets and policy mask as this (unpoisoned) process
+
+
+def test_padding_garbage_in_the_flags_word_keeps_tensors_on_the_fast_path(layout):
+    exec(POISON_HEAP, {"torch": torch})
+    ts = [torch.zeros(3, 2) for _ in range(200)]
+    f, n = layout["flags"], layout["flags_len"]
+    words = {int.from_bytes(ctypes.string_at(t._cdata + f, n), "little") for t in ts}
+    garbage = 0
+    for w in words:
+        garbage |= w ^ next(iter(words))
+    # The precondition: identical plain tensors differ in the flags word (the padding bits) ...
+    assert garbage != 0, [hex(w) for w in words]
+    # ... and none of those bits is taken for a policy bit: every one is read directly.
+    assert garbage & layout["policy_mask"] == 0
+    for t in ts:
+        md = _C.tensor_metadata(t)
+        assert md.pop("fast") is True
+        assert md["sizes"] == (3, 2) and md["strides"] == (2, 1) and md["dtype"] == torch.float32

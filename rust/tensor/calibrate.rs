@@ -200,31 +200,36 @@ fn locate(
         u32::from_le_bytes(f)
     };
 
-    // Policy bits: what a wrapper subclass's custom sizes/strides/device/layout policies flip.
+    // Policy bits: what a wrapper subclass's custom sizes/strides/device/layout policies set.
     let wr = item("wrappers")?;
-    let wflags = |k: &str| -> Result<u32, String> {
+    let wflags = |k: &str| -> Result<Vec<u32>, String> {
         // Only `_cdata` here: sizes of a custom-policy wrapper are answered by its dispatch.
-        let t = wr.get_item(k).map_err(|e| e.to_string())?;
-        let imp = t
-            .getattr("_cdata")
-            .and_then(|v| v.extract::<usize>())
-            .map_err(|e| e.to_string())?;
-        let b = raw::impl_bytes(&t, base, cdata, imp, IMPL_SCAN)
-            .ok_or("calibration: cannot read a wrapper")?;
-        Ok(flag_word(&b))
-    };
-    let none = wflags("none")?;
-    let mut policy_mask = 0u32;
-    for k in ["sizes", "strides", "device", "layout"] {
-        let d = wflags(k)? ^ none;
-        if d == 0 {
-            return Err(format!("calibration: the '{k}' policy flips no bit"));
+        let ts = wr.get_item(k).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        for t in ts.try_iter().map_err(|e| e.to_string())? {
+            let t = t.map_err(|e| e.to_string())?;
+            let imp = t
+                .getattr("_cdata")
+                .and_then(|v| v.extract::<usize>())
+                .map_err(|e| e.to_string())?;
+            let b = raw::impl_bytes(&t, base, cdata, imp, IMPL_SCAN)
+                .ok_or("calibration: cannot read a wrapper")?;
+            out.push(flag_word(&b));
         }
-        policy_mask |= d;
+        Ok(out)
+    };
+    // Policy-free samples: wrappers without a policy and every plain probe.
+    let mut free = wflags("none")?;
+    free.push(flag_word(&sb));
+    free.push(flag_word(&bytes(&plain)?));
+    for p in &keyed {
+        free.push(flag_word(&bytes(p)?));
     }
-    if (flag_word(&sb) | flag_word(&bytes(&plain)?)) & policy_mask != 0 {
-        return Err("calibration: plain tensors have policy bits set".into());
-    }
+    let kinds = ["sizes", "strides", "device", "layout"]
+        .into_iter()
+        .map(|k| Ok((k, wflags(k)?)))
+        .collect::<Result<Vec<_>, String>>()?;
+    let policy_mask = policy_mask(&kinds, &free)?;
 
     // autograd_meta_: null without autograd metadata, set on a leaf that requires grad.
     let leaves: Vec<Probe<'_>> = item("leaves")?
@@ -337,6 +342,42 @@ fn locate(
     })
 }
 
+/// Fewest samples of each policy kind (and of policy-free tensors) that [`policy_mask`] accepts.
+const MIN_POLICY_SAMPLES: usize = 8;
+
+/// The bits of the bitfield word that select a custom policy, from the words of wrappers of each
+/// policy kind and of policy-free tensors.
+///
+/// The word is not all fields: it has padding bits (one on the builds seen, above
+/// `python_custom_layout_`) that `TensorImpl`'s constructor never writes, so they keep whatever
+/// the heap held there, e.g. the sign bit of a freed float64 buffer. Comparing one wrapper per
+/// kind with one policy-free wrapper therefore picked such a bit up whenever the two samples'
+/// garbage differed, and any tensor with the bit set then failed verification.
+///
+/// A policy bit is set in every wrapper of its kind and clear in every policy-free tensor
+/// (policies are `Default`, i.e. 0, there); a padding bit passes only if its garbage happens to
+/// line up the same way over all the samples, which is what the sample counts make negligible.
+/// If one ever did, it would only send tensors with it set to the Python path (and fail
+/// verification if one is in the set): never a wrong answer, since every policy bit is kept.
+fn policy_mask(kinds: &[(&str, Vec<u32>)], free: &[u32]) -> Result<u32, String> {
+    if free.len() < MIN_POLICY_SAMPLES {
+        return Err("calibration: too few policy-free samples".into());
+    }
+    let any_free = free.iter().fold(0u32, |a, &w| a | w);
+    let mut mask = 0u32;
+    for (k, ws) in kinds {
+        if ws.len() < MIN_POLICY_SAMPLES {
+            return Err(format!("calibration: too few '{k}' policy samples"));
+        }
+        let bits = ws.iter().fold(u32::MAX, |a, &w| a & w) & !any_free;
+        if bits == 0 {
+            return Err(format!("calibration: the '{k}' policy sets no bit"));
+        }
+        mask |= bits;
+    }
+    Ok(mask)
+}
+
 /// (vtable, base offset, engaged-flag offset) of DifferentiableViewMeta, or None.
 fn locate_views(
     m: &Bound<'_, PyModule>,
@@ -435,4 +476,57 @@ fn verify(
         return Err("verification: requires_grad unreadable for most tensors".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{policy_mask, MIN_POLICY_SAMPLES};
+
+    const PAD: u32 = 1 << 23;
+    const SIZES: u32 = (1 << 11) | (1 << 20);
+    const LAYOUT: u32 = (1 << 16) | (1 << 22);
+    const FIELDS: u32 = 0x141;
+
+    fn n(w: u32) -> Vec<u32> {
+        vec![w; MIN_POLICY_SAMPLES]
+    }
+
+    #[test]
+    fn policy_bits_are_found() {
+        let kinds = [("sizes", n(FIELDS | SIZES)), ("layout", n(FIELDS | LAYOUT))];
+        assert_eq!(policy_mask(&kinds, &n(FIELDS)), Ok(SIZES | LAYOUT));
+    }
+
+    #[test]
+    fn padding_garbage_is_not_a_policy_bit() {
+        // One wrapper's padding bit set where the policy-free wrapper's is clear: the old
+        // one-sample XOR took the padding bit for a policy bit.
+        let mut sizes = n(FIELDS | SIZES);
+        sizes[0] |= PAD;
+        let mut layout = n(FIELDS | LAYOUT);
+        layout.iter_mut().for_each(|w| *w |= PAD);
+        let mut free = n(FIELDS);
+        free[3] |= PAD;
+        let m = policy_mask(&[("sizes", sizes), ("layout", layout)], &free).unwrap();
+        assert_eq!(m, SIZES | LAYOUT);
+        // Garbage in most samples either way never hides a policy bit.
+        let mut sizes = n(FIELDS | SIZES | PAD);
+        sizes[5] &= !PAD;
+        let free: Vec<u32> = (0..MIN_POLICY_SAMPLES as u32)
+            .map(|i| FIELDS | (i % 2) * PAD)
+            .collect();
+        assert_eq!(policy_mask(&[("sizes", sizes)], &free), Ok(SIZES));
+    }
+
+    #[test]
+    fn a_bit_seen_without_policy_is_dropped_and_an_empty_policy_fails() {
+        let mut free = n(FIELDS);
+        free[1] |= SIZES;
+        let e = policy_mask(&[("sizes", n(FIELDS | SIZES))], &free).unwrap_err();
+        assert!(e.contains("'sizes' policy sets no bit"), "{e}");
+        let e = policy_mask(&[("sizes", vec![SIZES])], &n(0)).unwrap_err();
+        assert!(e.contains("too few 'sizes'"), "{e}");
+        let e = policy_mask(&[("sizes", n(SIZES))], &[0]).unwrap_err();
+        assert!(e.contains("too few policy-free"), "{e}");
+    }
 }

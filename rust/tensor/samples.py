@@ -56,6 +56,9 @@ class _Sub(torch.Tensor):
     pass
 
 
+WRAPPERS_PER_KIND = 16
+
+
 @_clean
 def probes():
     """Tensors with distinctive metadata used to locate fields."""
@@ -67,13 +70,20 @@ def probes():
     nonleaf2 = fresh_leaf + 1
     toggled = torch.randn(5, requires_grad=True)
     e = torch.empty(3, 4)
-    wrappers = {
-        "none": _Wrapper(e),
-        "sizes": _Wrapper(e, dispatch_sizes_strides_policy="sizes"),
-        "strides": _Wrapper(e, dispatch_sizes_strides_policy="strides"),
-        "device": _Wrapper(e, dispatch_device=True),
-        "layout": _Wrapper(e, dispatch_layout=True),
+    # WRAPPERS_PER_KIND of each kind, created round-robin and all kept alive: the bitfield word
+    # has padding bits that keep whatever the heap held there, and a policy bit is one that
+    # every wrapper of its kind has and no policy-free tensor has (see calibrate.rs).
+    kinds = {
+        "none": {},
+        "sizes": {"dispatch_sizes_strides_policy": "sizes"},
+        "strides": {"dispatch_sizes_strides_policy": "strides"},
+        "device": {"dispatch_device": True},
+        "layout": {"dispatch_layout": True},
     }
+    wrappers = {k: [] for k in kinds}
+    for _ in range(WRAPPERS_PER_KIND):
+        for k, kw in kinds.items():
+            wrappers[k].append(_Wrapper(e, **kw))
     with torch.inference_mode():
         inference = torch.empty(2, 3)
     vbase = torch.randn(4, 3)
