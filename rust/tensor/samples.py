@@ -10,11 +10,13 @@ import torch
 
 def _clean(fn):
     """Run `fn` in a plain state whatever the caller's: grad mode on, no inference mode, no
-    active dispatch/function modes, CPU default device, so samples are ordinary tensors."""
+    active dispatch/function modes, CPU default device, so samples are ordinary tensors; the
+    user's CPU random number generator is left exactly as it was (samples draw from a fork)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=[]))
             stack.enter_context(torch.enable_grad())
             stack.enter_context(torch.inference_mode(False))
             stack.enter_context(torch.device("cpu"))
