@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from workloads import MLP
+
 GROUP = "capture"
 
 
@@ -27,16 +29,6 @@ class SmallCNN(torch.nn.Module):
         x = torch.relu(self.conv2(x))
         return self.fc(x.mean(dim=(2, 3)))
 
-
-class MLP(torch.nn.Module):
-    def __init__(self, width=64, depth=8):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
 
 
 def python_loop(x):

@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from timing import interleaved_ns  # noqa: E402
+from workloads import MLP  # noqa: E402
 
 from ferrodyn import _C  # noqa: E402
 
@@ -55,19 +56,9 @@ def _tensor_case(n: int):
     return gm, tree, f_locals, tuple(args)
 
 
-class MLP(torch.nn.Module):
-    def __init__(self, width=32, depth=8):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
-
 
 def _mlp_case():
-    m = MLP()
+    m = MLP(width=32)
     x = torch.randn(2, 32)
     torch._dynamo.reset()
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
