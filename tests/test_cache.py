@@ -12,14 +12,7 @@ from ferrodyn import _C
 from hook_helpers import Recorder, always_tree, callback, type_tree
 
 
-@pytest.fixture(autouse=True)
-def _clean_cache():
-    _C.reset()
-    _C.set_cache_size_limit(8)
-    yield
-    _C.set_eval_frame(None)
-    _C.reset()
-    _C.set_cache_size_limit(8)
+pytestmark = pytest.mark.usefixtures("clean_hook_cache")
 
 
 def f(x):
