@@ -637,6 +637,10 @@ def test_overwriting_values_during_iteration_is_allowed(WeakDict):
 
 def test_threaded_copy_while_keys_die(WeakDict):
     # ported from torch's test_threaded_weak_key_dict_copy: no crash, no exception
+    if WeakDict is tweak.WeakIdKeyDictionary:
+        pytest.skip("torch.utils.weak's copy()/deepcopy race key deaths and intermittently raise "
+                    "'dictionary changed size during iteration' (seen in this suite); the property "
+                    "is asserted for ferrodyn's dictionaries only")
     n = 20000
     keys = [Obj(i) for i in range(n)]
     d = WeakDict({k: Obj(k.tag) for k in keys})
