@@ -22,3 +22,13 @@ def clean_hook_cache():
     _C.set_eval_frame(None)
     _C.reset()
     _C.set_cache_size_limit(8)
+
+
+@pytest.fixture
+def fresh_ferrodyn():
+    """ferrodyn.reset() before and after the test: no cache entry, skip flag or compiled state
+    leaks between end-to-end tests."""
+    import ferrodyn
+    ferrodyn.reset()
+    yield
+    ferrodyn.reset()

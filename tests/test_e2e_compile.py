@@ -7,25 +7,15 @@ import pytest
 import torch
 
 import ferrodyn
+from counting_backend import CountingBackend
 from ferrodyn import _C
 
 pytest.importorskip("ferrodyn.symbolic")
 
 
-class CountingBackend:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ferrodyn.reset()
-    yield
-    ferrodyn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 
 
 def helper(x, k=2):

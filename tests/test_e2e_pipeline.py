@@ -19,7 +19,8 @@ from ferrodyn import _C, convert_frame
 from ferrodyn.convert_frame import FrameCallback
 from ferrodyn.eval_frame import wrap_compiled
 from ferrodyn.exc import BreakReason, Unsupported
-from test_recompile import CountingBackend, fx_tracer
+from counting_backend import CountingBackend
+from test_recompile import fx_tracer
 
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -47,11 +48,7 @@ class Tracer:
         return fx_tracer(code, *args, **kwargs)
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ferrodyn.reset()
-    yield
-    ferrodyn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 
 
 def run(fn, tracer, backend=None, **kw):
@@ -78,7 +75,7 @@ def test_callees_of_an_eager_frame_get_their_own_graph():
     x = torch.randn(5)
     for _ in range(3):
         assert torch.allclose(c(x), outer(x))
-    assert backend.graphs == 1                       # inner's graph
+    assert backend.count == 1                       # inner's graph
     assert len(_C.cache_entries(inner.__code__)) == 1
     assert _C.cache_entries(inner.__code__)[0].hits >= 2
     assert t.calls == {"outer": 1, "inner": 1}       # outer not retraced for the same inputs
@@ -216,7 +213,7 @@ def test_optimized_module_runs_hooks_and_captures_forward(monkeypatch):
     for _ in range(3):
         assert torch.allclose(om(x), net.forward(x))
     assert seen == ["pre", "post"] * 3
-    assert backend.graphs == 1 and t.calls == {"forward": 1, "pre_hook": 1, "post_hook": 1}
+    assert backend.count == 1 and t.calls == {"forward": 1, "pre_hook": 1, "post_hook": 1}
 
 
 def test_torch_module_is_captured_through_the_inline_frame(monkeypatch):

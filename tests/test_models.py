@@ -49,11 +49,7 @@ RUNS_EAGERLY = {
 AOT_CASES = ["resnet_block_train", "mlp_dropout_train", "buffer_inplace_update", "dict_output"]
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ferrodyn.reset()
-    yield
-    ferrodyn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 
 
 def _check_counts(case, rep) -> None:

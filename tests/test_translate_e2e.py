@@ -10,23 +10,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ferrodyn
+from counting_backend import CountingBackend
 from ferrodyn.exc import Unsupported
 
 
-class Counter:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ferrodyn.reset()
-    yield
-    ferrodyn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 
 
 Point = collections.namedtuple("Point", "x y")
@@ -43,7 +33,7 @@ def prog(x, xs, n, d, p):
 
 
 def test_program_one_graph_and_results():
-    c = Counter()
+    c = CountingBackend()
     f = ferrodyn.compile(prog, backend=c, fullgraph=True)
     args = (torch.randn(3), [torch.randn(3), torch.randn(3)], 3, {"w": torch.randn(3)},
             Point(torch.randn(3), 4))
@@ -53,26 +43,26 @@ def test_program_one_graph_and_results():
         torch.testing.assert_close(got["z"], want["z"])
         assert got["n"] == want["n"] and got["s"] == want["s"]
         assert type(got["p"]) is Point and got["p"].y == 4
-    assert c.graphs == 1
+    assert c.count == 1
 
 
 def test_recompiles_when_used_constant_changes():
-    c = Counter()
+    c = CountingBackend()
     f = ferrodyn.compile(prog, backend=c, fullgraph=True)
     args = [torch.randn(3), [torch.randn(3)], 3, {"w": torch.randn(3)}, Point(torch.randn(3), 1)]
     f(*args)
     args[2] = 1  # n is used: new graph
     out = f(*args)
     torch.testing.assert_close(out["y"], prog(*args)["y"])
-    assert c.graphs == 2
+    assert c.count == 2
     f(*args)
-    assert c.graphs == 2
+    assert c.count == 2
     args[1] = [torch.randn(3), torch.randn(3)]  # list length guarded
     f(*args)
-    assert c.graphs == 3
+    assert c.count == 3
     args[0] = torch.randn(5)  # x is never used: no recompile
     f(*args)
-    assert c.graphs == 3
+    assert c.count == 3
 
 
 class Block(nn.Module):
@@ -91,7 +81,7 @@ def test_module_compile_train_and_eval():
     m = nn.Sequential(Block(), Block())
     ref = nn.Sequential(Block(), Block())
     ref.load_state_dict(m.state_dict())
-    c = Counter()
+    c = CountingBackend()
     cm = ferrodyn.compile(m, backend=c, fullgraph=True)
     x = torch.randn(6, 4)
     for _ in range(2):
@@ -99,33 +89,33 @@ def test_module_compile_train_and_eval():
     # running stats updated once per call, as in eager
     torch.testing.assert_close(m[0].norm.running_mean, ref[0].norm.running_mean)
     assert int(m[0].norm.num_batches_tracked) == 2
-    assert c.graphs == 1
+    assert c.count == 1
     m.eval()
     ref.eval()
     torch.testing.assert_close(cm(x), ref(x))
-    assert c.graphs == 2  # self.training is guarded
+    assert c.count == 2  # self.training is guarded
 
 
 def test_transformer_layer_compiles_to_one_graph():
     m = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True).eval()
-    c = Counter()
+    c = CountingBackend()
     cm = ferrodyn.compile(m, backend=c, fullgraph=True)
     x = torch.randn(2, 5, 8)
     torch.testing.assert_close(cm(x), m(x))
-    assert c.graphs == 1
+    assert c.count == 1
 
 
 def test_inplace_input_once_per_call():
     def f(x):
         x.add_(1)
         return x * 2
-    c = Counter()
+    c = CountingBackend()
     cf = ferrodyn.compile(f, backend=c, fullgraph=True)
     x = torch.zeros(3)
     cf(x)
     cf(x)
     torch.testing.assert_close(x, torch.full((3,), 2.0))
-    assert c.graphs == 1
+    assert c.count == 1
 
 
 def test_unsupported_fullgraph_raises_and_eager_otherwise():
@@ -134,11 +124,11 @@ def test_unsupported_fullgraph_raises_and_eager_otherwise():
             return x + 1
         return x - 1
     with pytest.raises(Unsupported):
-        ferrodyn.compile(f, backend=Counter(), fullgraph=True)(torch.ones(3))
-    c = Counter()
+        ferrodyn.compile(f, backend=CountingBackend(), fullgraph=True)(torch.ones(3))
+    c = CountingBackend()
     x = torch.ones(3)
     torch.testing.assert_close(ferrodyn.compile(f, backend=c)(x), f(x))
-    assert c.graphs == 0
+    assert c.count == 0
 
 
 _BACKEND_PROG = """

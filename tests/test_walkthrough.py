@@ -15,11 +15,7 @@ WALKTHROUGH = pathlib.Path(__file__).resolve().parent.parent / "docs" / "walkthr
 pytest.importorskip("ferrodyn.symbolic")
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ferrodyn.reset()
-    yield
-    ferrodyn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 
 
 def test_walkthrough_runs_to_the_end(capsys):

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from counting_backend import CountingBackend  # noqa: F401  (re-exported for the zoo)
+
 import torch
 import torch.nn as nn
 
@@ -18,24 +20,6 @@ from models_zoo.cases import Case, invoke
 
 
 
-class CountingBackend:
-    """Counts the graphs handed to it and compiles each with the wrapped backend."""
-
-    def __init__(self, inner: str = "eager"):
-        from ferrodyn.backends import lookup_backend
-
-        self.inner_name = inner
-        self.inner = lookup_backend(inner)
-        self.graphs: list[torch.fx.GraphModule] = []
-        self.__name__ = f"counting_{inner}"
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return self.inner(gm, example_inputs)
-
-    @property
-    def count(self) -> int:
-        return len(self.graphs)
 
 
 def _flatten(out, path="out") -> list[tuple[str, Any]]:
