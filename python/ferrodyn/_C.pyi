@@ -305,6 +305,8 @@ class WeakDictIterator(Iterator[Any]):
     def __next__(self) -> Any: ...
 
 class _WeakRemover:
-    """Internal: the weakref callback of one dictionary."""
+    """Internal: removes a dead key's entry of one dictionary (`key_died`, bound, is the callback
+    of the dictionary's weakrefs)."""
 
+    def key_died(self, wr: Any) -> None: ...
     def __call__(self, wr: Any) -> None: ...

@@ -4,7 +4,8 @@
 //! Each operation follows the `Shared` discipline: Python work (hashing, creating a weakref,
 //! raising errors, calling `__del__` through drops) happens before or after a short locked section
 //! that only reads the table and moves reference counts. A key's weakref carries the dictionary's
-//! `PyWeakRemover` as its callback; the entry is found again by the weakref's address.
+//! `PyWeakRemover.key_died` bound method as its callback (a builtin method: CPython calls it
+//! through vectorcall, with no argument tuple); the entry is found again by the weakref's address.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -31,7 +32,8 @@ pub enum KeyMode {
     Hash,
 }
 
-/// A weakref callback that removes its key's entry (one per dictionary, shared by its weakrefs).
+/// Removes a dead key's entry (one per dictionary; its bound `key_died` method is the callback
+/// of every weakref the dictionary makes).
 #[pyclass(module = "ferrodyn._C", name = "_WeakRemover", frozen)]
 pub struct PyWeakRemover {
     shared: std::sync::Weak<Shared<Entry>>,
@@ -39,16 +41,21 @@ pub struct PyWeakRemover {
 
 #[pymethods]
 impl PyWeakRemover {
-    fn __call__(&self, wr: &Bound<'_, PyAny>) {
+    fn key_died(&self, wr: &Bound<'_, PyAny>) {
         if let Some(shared) = self.shared.upgrade() {
             shared.remove_dead(wr.as_ptr() as usize);
         }
+    }
+
+    fn __call__(&self, wr: &Bound<'_, PyAny>) {
+        self.key_died(wr)
     }
 }
 
 pub struct Core {
     pub shared: Arc<Shared<Entry>>,
-    remover: Py<PyWeakRemover>,
+    /// `PyWeakRemover.key_died`, bound: the callback of every weakref this dictionary makes.
+    callback: Py<PyAny>,
     /// `KeyMode::Hash` when set; changed only by `__init__` (`set_mode`) while the table is empty.
     hash_mode: AtomicBool,
     /// Lookups of keys that cannot be weakly referenced raise TypeError (torch's behaviour);
@@ -106,15 +113,16 @@ pub fn unpack2<'py>(item: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, Bo
 impl Core {
     pub fn new(py: Python<'_>, mode: KeyMode, strict: bool) -> PyResult<Core> {
         let shared = Arc::new(Shared::default());
-        let remover = Py::new(
+        let remover = Bound::new(
             py,
             PyWeakRemover {
                 shared: Arc::downgrade(&shared),
             },
         )?;
+        let callback = remover.getattr(intern!(py, "key_died"))?.unbind();
         Ok(Core {
             shared,
-            remover,
+            callback,
             hash_mode: AtomicBool::new(mode == KeyMode::Hash),
             strict,
         })
@@ -254,7 +262,7 @@ impl Core {
             return Ok(now);
         }
         // 2. absent: make the weakref unlocked (it can run the garbage collector, hence any code).
-        let wr = PyWeakrefReference::new_with(key, self.remover.bind(py))?;
+        let wr = PyWeakrefReference::new_with(key, self.callback.bind(py))?;
         let refid = wr.as_ptr() as usize;
         let entry = Entry {
             wr: wr.unbind(),

@@ -52,10 +52,30 @@ thread_local! {
     static DEFERRED: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// What one locked section removed. A single entry (a key's death, one deletion) is moved out
+/// on its own, so the table's `trash` keeps its capacity and the common case allocates nothing.
+pub enum Trash<E> {
+    Empty,
+    One(E),
+    Many(Vec<E>),
+}
+
+impl<E> Trash<E> {
+    /// Take what `trash` holds, leaving it empty.
+    #[inline]
+    fn take_from(trash: &mut Vec<E>) -> Trash<E> {
+        match trash.len() {
+            0 => Trash::Empty,
+            1 => Trash::One(trash.pop().expect("len 1")),
+            _ => Trash::Many(std::mem::take(trash)),
+        }
+    }
+}
+
 /// Drop removed entries (after the lock is released), iteratively rather than recursively when
 /// dropping one entry removes others.
-pub fn drop_unlocked<E: 'static>(trash: Vec<E>) {
-    if trash.is_empty() {
+pub fn drop_unlocked<E: 'static>(trash: Trash<E>) {
+    if matches!(trash, Trash::Empty) {
         return;
     }
     if DROPPING.with(|d| d.get()) {
@@ -98,7 +118,7 @@ impl<E: 'static> Shared<E> {
             }
             let r = f(&mut t);
             t.maybe_compact(self.iterators.load(Ordering::Acquire) == 0);
-            (r, std::mem::take(&mut t.trash))
+            (r, Trash::take_from(&mut t.trash))
         };
         drop_unlocked(trash);
         Ok(r)

@@ -5,7 +5,10 @@
 //! so a weakref callback can find the entry it belongs to.
 //!
 //! Layout: a `Vec` of slots in insertion order (removed slots become tombstones) plus two hash
-//! maps, key -> slot index and refid -> key. Iterators walk slot indices, so slots never move
+//! maps, key -> slot index and refid -> slot index. A key's death (the hot removal) probes only
+//! `by_ref`: its `index` entry is left behind, stale, and every lookup through `index` checks that
+//! the slot it names is live and holds that key. Stale entries are dropped when the index is
+//! rebuilt, once they outnumber live ones (so their number stays bounded). Iterators walk slot indices, so slots never move
 //! while an iterator is alive; compaction (dropping tombstones) only happens when the caller says
 //! no iterator exists.
 //!
@@ -69,7 +72,9 @@ const COMPACT_MIN_SLOTS: usize = 16;
 pub struct Table<E> {
     slots: Vec<Option<Slot<E>>>,
     index: HashMap<u64, usize, IdHash>,
-    by_ref: HashMap<usize, u64, IdHash>,
+    by_ref: HashMap<usize, usize, IdHash>,
+    /// Number of live slots (`index` may also hold stale entries of dead keys).
+    live: usize,
     /// Bumped by every explicit insertion of a new key and every explicit removal (not by a key's
     /// death): iterators compare it to detect "dictionary changed size during iteration".
     size_changes: u64,
@@ -83,6 +88,7 @@ impl<E> Default for Table<E> {
             slots: Vec::new(),
             index: HashMap::with_hasher(IdHash),
             by_ref: HashMap::with_hasher(IdHash),
+            live: 0,
             size_changes: 0,
             trash: Vec::new(),
         }
@@ -93,12 +99,23 @@ impl<E> Table<E> {
     /// Number of live entries.
     #[inline]
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.live
     }
 
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.live == 0
+    }
+
+    /// The live slot holding `key` (an `index` entry may be stale: its slot dead, popped, or
+    /// reused by another key).
+    #[inline]
+    fn slot_of(&self, key: u64) -> Option<usize> {
+        let &i = self.index.get(&key)?;
+        match self.slots.get(i) {
+            Some(Some(s)) if s.key == key => Some(i),
+            _ => None,
+        }
     }
 
     #[inline]
@@ -113,26 +130,27 @@ impl<E> Table<E> {
 
     #[inline]
     pub fn get(&self, key: u64) -> Option<&E> {
-        let &i = self.index.get(&key)?;
+        let i = self.slot_of(key)?;
         self.slots[i].as_ref().map(|s| &s.entry)
     }
 
     #[inline]
     pub fn get_mut(&mut self, key: u64) -> Option<&mut E> {
-        let &i = self.index.get(&key)?;
+        let i = self.slot_of(key)?;
         self.slots[i].as_mut().map(|s| &mut s.entry)
     }
 
     /// Insert a key that is not present (the caller checked). Counts as a size change.
     pub fn insert_new(&mut self, key: u64, refid: usize, entry: E) {
         debug_assert!(
-            !self.index.contains_key(&key),
+            self.slot_of(key).is_none(),
             "insert_new of a present key"
         );
         let i = self.slots.len();
         self.slots.push(Some(Slot { key, refid, entry }));
         self.index.insert(key, i);
-        self.by_ref.insert(refid, key);
+        self.by_ref.insert(refid, i);
+        self.live += 1;
         self.size_changes += 1;
     }
 
@@ -140,6 +158,7 @@ impl<E> Table<E> {
         let slot = self.slots[i].take()?;
         self.index.remove(&slot.key);
         self.by_ref.remove(&slot.refid);
+        self.live -= 1;
         self.trash.push(slot.entry);
         self.trash.last()
     }
@@ -147,7 +166,7 @@ impl<E> Table<E> {
     /// Remove `key` (moved to `trash`; a reference to it is returned). `explicit`: a user's
     /// removal (counts as a size change), not a death.
     pub fn remove(&mut self, key: u64, explicit: bool) -> Option<&E> {
-        let i = *self.index.get(&key)?;
+        let i = self.slot_of(key)?;
         if explicit {
             self.size_changes += 1;
         }
@@ -156,10 +175,17 @@ impl<E> Table<E> {
 
     /// Remove the entry whose weakref is `refid` (its key died). Not a size change.
     pub fn remove_by_ref(&mut self, refid: usize) -> bool {
-        let Some(&key) = self.by_ref.get(&refid) else {
+        let Some(i) = self.by_ref.remove(&refid) else {
             return false;
         };
-        self.remove(key, false).is_some()
+        // the key's `index` entry is left stale (see the module doc)
+        let Some(slot) = self.slots.get_mut(i).and_then(Option::take) else {
+            debug_assert!(false, "by_ref points at live slots");
+            return false;
+        };
+        self.live -= 1;
+        self.trash.push(slot.entry);
+        true
     }
 
     /// The last live slot (LIFO order, as `dict.popitem`), without removing it.
@@ -189,27 +215,43 @@ impl<E> Table<E> {
         }
         self.index.clear();
         self.by_ref.clear();
+        self.live = 0;
         self.trash
             .extend(self.slots.drain(..).flatten().map(|s| s.entry));
     }
 
     /// Drop tombstones when `allowed` (no iterator holds a slot index) and they are worth it:
-    /// trailing ones always, the rest once they outnumber live slots.
+    /// trailing ones always, the rest once they outnumber live slots. The index is rebuilt
+    /// (without stale entries) whenever slots move, and otherwise once stale entries outnumber
+    /// live ones (slots stay put for that, so it is done even while iterators exist).
     pub fn maybe_compact(&mut self, allowed: bool) {
-        if !allowed {
-            return;
+        if allowed {
+            while matches!(self.slots.last(), Some(None)) {
+                self.slots.pop();
+            }
+            let n = self.slots.len();
+            if n >= COMPACT_MIN_SLOTS && self.live * 2 <= n {
+                self.slots.retain(|s| s.is_some());
+                self.rebuild_maps();
+                if self.slots.capacity() > 4 * self.slots.len() + COMPACT_MIN_SLOTS {
+                    self.slots.shrink_to(2 * self.slots.len());
+                }
+                return;
+            }
         }
-        while matches!(self.slots.last(), Some(None)) {
-            self.slots.pop();
+        if self.index.len() > 2 * self.live + COMPACT_MIN_SLOTS {
+            self.rebuild_maps();
         }
-        let n = self.slots.len();
-        if n < COMPACT_MIN_SLOTS || self.len() * 2 > n {
-            return;
-        }
-        self.slots.retain(|s| s.is_some());
+    }
+
+    fn rebuild_maps(&mut self) {
+        self.index.clear();
+        self.by_ref.clear();
         for (i, s) in self.slots.iter().enumerate() {
-            let s = s.as_ref().expect("retained only live slots");
-            self.index.insert(s.key, i);
+            if let Some(s) = s {
+                self.index.insert(s.key, i);
+                self.by_ref.insert(s.refid, i);
+            }
         }
         if self.slots.capacity() > 4 * self.slots.len() + COMPACT_MIN_SLOTS {
             self.slots.shrink_to(2 * self.slots.len());
@@ -224,13 +266,20 @@ impl<E> Table<E> {
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
             .collect();
-        if live.len() != self.index.len() || live.len() != self.by_ref.len() {
+        if live.len() != self.live
+            || live.len() > self.index.len()
+            || live.len() != self.by_ref.len()
+        {
             return Err(format!(
-                "{} live slots, {} index entries, {} refs",
+                "{} live slots (counted {}), {} index entries, {} refs",
                 live.len(),
+                self.live,
                 self.index.len(),
                 self.by_ref.len()
             ));
+        }
+        if self.index.len() > 2 * self.live + COMPACT_MIN_SLOTS + 1 {
+            return Err(format!("{} stale index entries", self.index.len() - self.live));
         }
         for (i, s) in live {
             if self.index.get(&s.key) != Some(&i) {
@@ -241,8 +290,8 @@ impl<E> Table<E> {
                     i
                 ));
             }
-            if self.by_ref.get(&s.refid) != Some(&s.key) {
-                return Err(format!("ref {} does not map to key {}", s.refid, s.key));
+            if self.by_ref.get(&s.refid) != Some(&i) {
+                return Err(format!("ref {} does not map to slot {}", s.refid, i));
             }
         }
         Ok(())
@@ -272,6 +321,35 @@ mod tests {
         assert_eq!(keys(&t), [30, 20]);
         assert_eq!(t.len(), 2);
         t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_dead_keys_stale_index_entry_never_answers_for_a_reused_slot() {
+        let mut t: Table<u32> = Table::default();
+        t.insert_new(1, 11, 1);
+        assert!(t.remove_by_ref(11)); // index keeps 1 -> 0, stale
+        t.maybe_compact(true); // the trailing tombstone is popped
+        t.insert_new(2, 22, 2); // slot 0 again, another key
+        assert_eq!(t.get(1), None);
+        assert_eq!(t.get(2), Some(&2));
+        assert_eq!(t.remove(1, true), None);
+        t.insert_new(1, 33, 3); // the dead key's address comes back
+        assert_eq!((t.get(1), t.len()), (Some(&3), 2));
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn stale_index_entries_stay_bounded() {
+        let mut t: Table<u32> = Table::default();
+        t.insert_new(0, 0, 0); // one long-lived key: slots never become empty
+        for k in 1..10_000u64 {
+            t.insert_new(k, k as usize, 0);
+            assert!(t.remove_by_ref(k as usize));
+            t.maybe_compact(k % 2 == 0); // with and without iterators alive
+            assert!(t.index.len() <= 2 * t.len() + COMPACT_MIN_SLOTS + 1);
+        }
+        t.check_invariants().unwrap();
+        assert_eq!(t.len(), 1);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 Owns: the entry point and its argument checking, the choice and set-up of the modes for each
 tracing mode ("real": real tensors; "fake": FakeTensorMode with static shapes; "symbolic":
-FakeTensorMode over a ShapeEnv, every input size a SymInt), input placeholders, the output node,
+FakeTensorMode over a ShapeEnv, every input size a SymInt), input placeholders, the output node
+(any result pytree: leaves become nodes or constants, the structure is rebuilt exactly),
 the final dead-code pass and the GraphModule. Also owns `last_trace`, a debug hook that lets
 tests inspect the tracker of the most recent trace after it ended.
 
@@ -13,7 +14,7 @@ Does not own: the per-op recording (mode.py) or the value tracking (tracker.py).
            ├─ check fn and args; build the fake mode (fake/symbolic) and fakify the inputs
            ├─ placeholders, tracked inputs
            ├─ enter modes (fake, python dispatcher, proxy) ─► fn(*inputs) ─► exit modes (always)
-           ├─ output node, dead-code elimination, symint dedupe
+           ├─ output node (_output_node), dead-code elimination, symint dedupe
            └─ GraphModule (the tracker's dictionaries are cleared whatever happened)
 """
 
@@ -233,15 +234,7 @@ class _Trace:
             stack.enter_context(_autocast_cache_disabled())
             out = self.f(*call_args)
 
-        if nested:
-            flat_out, out_spec = pytree.tree_flatten(out)
-            graph.output([_output_arg(tracker, o) for o in flat_out])
-            top_names = names
-            graph._codegen = fx.graph._PyTreeCodeGen(
-                fx.graph._PyTreeInfo(top_names, in_spec, out_spec)
-            )
-        else:
-            graph.output(_output_arg(tracker, out))
+        _output_node(tracker, out, in_spec if nested else None, names)
 
         graph.eliminate_dead_code(_is_impure)
         if fake_mode is not None and fake_mode.shape_env is not None:
@@ -255,19 +248,83 @@ class _Trace:
         return gm
 
 
-def _output_arg(tracker: ProxyTracker, o):
-    """The graph form of (part of) the traced function's result."""
-    if isinstance(o, Tensor):
-        return tracker.tensor_node(o)
-    if isinstance(o, SYM_TYPES):
-        return tracker.sym_node(o)
-    if type(o) in (list, tuple):
-        return type(o)(_output_arg(tracker, x) for x in o)
-    if isinstance(o, tuple) and hasattr(o, "_fields"):  # namedtuple
-        return type(o)(*(_output_arg(tracker, x) for x in o))
-    if isinstance(o, dict):
-        return {k: _output_arg(tracker, v) for k, v in o.items()}
-    return o
+# Output leaves that fx's code generator writes as source text that evaluates back to an equal
+# value of the same type. Every other non-traced leaf becomes a `get_attr` of the root module.
+_LITERAL_LEAVES = frozenset(
+    {bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
+# Containers fx writes inline as Python displays; any other pytree node type (torch.Size,
+# torch.return_types, namedtuples, OrderedDict, ...) is rebuilt from the output TreeSpec.
+_INLINE_CONTAINERS = frozenset({tuple, list, dict, type(None)})  # torch.Size: see _output_leaf
+
+
+def _output_node(tracker: ProxyTracker, out, in_spec, names) -> fx.Node:
+    """The graph's output node for the traced function's result `out`, any pytree.
+
+    `out` is flattened with torch's pytree; each leaf becomes a graph argument (`_output_leaf`)
+    and the structure is rebuilt from the TreeSpec: written inline when fx's displays reproduce
+    it exactly (tuples, lists, str/int-keyed dicts), else by the generated code's
+    `pytree.tree_unflatten(..., self._out_spec)` (also when the inputs are nested, whose
+    placeholders need the input spec)."""
+    leaves, out_spec = pytree.tree_flatten(out, is_leaf=_is_size)
+    args = [_output_leaf(tracker, leaf) for leaf in leaves]
+    graph = tracker.graph
+    if in_spec is None and _renders_inline(out_spec):
+        return graph.output(pytree.tree_unflatten(args, out_spec))
+    node = graph.output(args)
+    graph._codegen = _OutputTreeCodeGen(fx.graph._PyTreeInfo(names, in_spec, out_spec))
+    return node
+
+
+def _renders_inline(spec) -> bool:
+    if spec.is_leaf():
+        return True
+    if spec.type not in _INLINE_CONTAINERS:
+        return False
+    if spec.type is dict and not all(type(k) in (str, int) for k in spec.context):
+        return False
+    return all(_renders_inline(c) for c in spec.children())
+
+
+def _output_leaf(tracker: ProxyTracker, leaf):
+    """The graph argument for one leaf of the result: the node of a traced tensor or symbolic
+    value (a constant tensor becomes a `get_attr` attribute), a literal, or a `get_attr` of the
+    object itself (returned as is by every call, as tracing bakes it in)."""
+    if isinstance(leaf, Tensor):
+        return tracker.tensor_node(leaf)
+    if isinstance(leaf, SYM_TYPES):
+        return tracker.sym_node(leaf)
+    if leaf is None or type(leaf) in _LITERAL_LEAVES:
+        return leaf
+    if type(leaf) is torch.Size:
+        # torch's pytree rebuilds a Size as a plain tuple, and fx writes one as a tuple
+        # display: the graph builds it
+        dims = [_output_leaf(tracker, d) for d in leaf]
+        node = tracker.graph.call_function(torch.Size, (dims,))
+        node.meta["val"] = leaf
+        return node
+    return tracker.object_node(leaf)
+
+
+def _is_size(x) -> bool:
+    return type(x) is torch.Size
+
+
+class _OutputTreeCodeGen(fx.graph._PyTreeCodeGen):
+    """torch's pytree code generator, for the output only when `in_spec` is None: the forward
+    then takes its placeholders as they are (no input flattening per call)."""
+
+    def process_inputs(self, *inputs):
+        if self.pytree_info.in_spec is None:
+            return inputs
+        return super().process_inputs(*inputs)
+
+    def gen_fn_def(self, free_vars, maybe_return_annotation, *, expanded_def=False):
+        if self.pytree_info.in_spec is None:
+            return fx.graph.CodeGen.gen_fn_def(
+                self, free_vars, maybe_return_annotation, expanded_def=expanded_def
+            )
+        return super().gen_fn_def(free_vars, maybe_return_annotation, expanded_def=expanded_def)
 
 
 _ACCESSORS = frozenset(

@@ -77,7 +77,7 @@ class ProxyTracker:
         self.track_syms = fake_mode is not None and fake_mode.shape_env is not None
         self.symbolic = symbolic
         self.lazy = False
-        self._const_names: dict[int, tuple[str, Tensor]] = {}
+        self._const_names: dict[int, tuple[str, object]] = {}
         self._val_mode = None
         # id(FakeTensor) -> the node whose meta["val"] is that very tensor (ids are stable:
         # the node keeps the tensor alive for the whole trace)
@@ -153,18 +153,27 @@ class ProxyTracker:
     def constant_node(self, t: Tensor) -> fx.Node:
         """A `get_attr` node for a tensor the trace did not produce: parameters become
         `_param_constantN`, other tensors `_tensor_constantN`, each stored once on the root."""
-        entry = self._const_names.get(id(t))
-        if entry is None or entry[1] is not t:
-            prefix = "_param_constant" if isinstance(t, torch.nn.Parameter) else "_tensor_constant"
+        prefix = "_param_constant" if isinstance(t, torch.nn.Parameter) else "_tensor_constant"
+        node = self._attr_node(t, prefix)
+        node.meta["val"] = self.example_value(t)
+        return node
+
+    def object_node(self, obj) -> fx.Node:
+        """A `get_attr` node (`_output_constantN`) for a result leaf that is neither traced nor
+        a literal fx can write as source (a slice, a complex, an enum, any object): the graph
+        returns that very object."""
+        return self._attr_node(obj, "_output_constant")
+
+    def _attr_node(self, obj, prefix: str) -> fx.Node:
+        entry = self._const_names.get(id(obj))
+        if entry is None or entry[1] is not obj:
             i = 0
             while hasattr(self.root, f"{prefix}{i}"):
                 i += 1
             qualname = f"{prefix}{i}"
-            setattr(self.root, qualname, t)
-            self._const_names[id(t)] = entry = (qualname, t)
-        node = self.graph.create_node("get_attr", entry[0], (), {}, entry[0])
-        node.meta["val"] = self.example_value(t)
-        return node
+            setattr(self.root, qualname, obj)
+            self._const_names[id(obj)] = entry = (qualname, obj)
+        return self.graph.create_node("get_attr", entry[0], (), {}, entry[0])
 
     # -- lookups ----------------------------------------------------------------------------
     def tensor_node(self, t: Tensor) -> fx.Node:
