@@ -216,8 +216,16 @@ unsafe fn replaceable(tstate: *mut ffi::PyThreadState, frame: *mut InterpreterFr
 #[inline]
 unsafe fn args_bound(code: *const CodeHead, frame: *mut InterpreterFrame) -> bool {
     let n = arg_count(&*code);
-    let slots = version::frame_slots(frame);
-    (n as c_int) <= version::frame_stacktop(frame) && (0..n).all(|i| !(*slots.add(i)).is_null())
+    (n as c_int) <= version::frame_stacktop(frame) && frame_arg_slots(frame, n).all_bound()
+}
+
+/// The first `n` slots of the frame's `localsplus`, tags masked as the version requires.
+///
+/// # Safety
+/// The frame is live and has at least `n` initialised slots, unchanged for `'a`.
+#[inline]
+unsafe fn frame_arg_slots<'a>(frame: *mut InterpreterFrame, n: usize) -> Slots<'a> {
+    Slots::from_tagged(version::frame_slots(frame), n, version::SLOT_TAG_BITS)
 }
 
 /// Positional and keyword-only parameters, plus one each for `*args` and `**kwargs`.
@@ -296,7 +304,7 @@ impl<'py> InterceptedFrame<'py> {
         // SAFETY: the frame has at least co_nlocalsplus >= n slots, initialised by
         // `_PyEvalFramePushAndInit` before the eval function is called, and they stay unchanged
         // until the frame starts or is cleared, neither of which happens while `self` lives.
-        unsafe { Slots::from_raw(version::frame_slots(self.frame), n) }
+        unsafe { frame_arg_slots(self.frame, n) }
     }
 
     /// The function's closure cells (in `co_freevars` order), or None.
@@ -316,23 +324,27 @@ impl<'py> InterceptedFrame<'py> {
         }
     }
 
-    /// `fn(*arg_slots, *closure_cells)` by vectorcall, without copying when there is no closure.
+    /// `fn(*arg_slots, *closure_cells)` by vectorcall, without copying when there is no closure
+    /// (and the slots are untagged, as up to 3.13).
     pub fn call_with_slots(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let n = self.arg_count();
+        let slots = self.arg_slots();
+        let n = slots.len();
+        if !slots.all_bound() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "ferrodyn: unbound argument slot",
+            ));
+        }
+        let args = slots.untagged();
         // SAFETY: the slots are valid (see arg_slots) and borrowed by the callee for the call.
         unsafe {
-            let slots = version::frame_slots(self.frame);
-            if (0..n).any(|i| (*slots.add(i)).is_null()) {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "ferrodyn: unbound argument slot",
-                ));
-            }
             let res = match self.closure() {
-                None => ffi::PyObject_Vectorcall(f.as_ptr(), slots, n, std::ptr::null_mut()),
+                None => {
+                    ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
+                }
                 Some(cells) => {
                     let m = cells.len();
                     let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + m);
-                    buf.extend_from_slice(std::slice::from_raw_parts(slots, n));
+                    buf.extend_from_slice(&args);
                     for i in 0..m {
                         buf.push(ffi::PyTuple_GET_ITEM(cells.as_ptr(), i as ffi::Py_ssize_t));
                     }

@@ -122,6 +122,10 @@ pub unsafe fn frame_slots(f: *mut InterpreterFrame) -> *const *mut ffi::PyObject
     (*f).localsplus.as_ptr()
 }
 
+/// Low bits of a `localsplus` slot that tag the reference rather than address the object:
+/// none here (plain `PyObject *`); 3.14's `_PyStackRef` slots have them.
+pub const SLOT_TAG_BITS: usize = 0;
+
 /// The function object of the frame (borrowed).
 ///
 /// # Safety
