@@ -1,5 +1,6 @@
 """Layouts of the CPython structs ferrodyn mirrors in rust/ffi (frame part): `PyCodeObject`'s
-head, `_PyInterpreterFrame` and (3.12) `PyThreadState`, each read through its mirror by a
+head, `_PyInterpreterFrame` and (3.12+) `PyThreadState` (mirrors per minor in
+rust/ffi/frame311.rs, frame312.rs, frame313.rs), each read through its mirror by a
 `_C._debug_*` function and compared with what Python reports for the same object."""
 
 import builtins

@@ -4,11 +4,11 @@ This module owns the public namespace only. Names are resolved lazily from the m
 each (so `import ferrodyn` stays cheap and imports torch only when a name needs it).
 """
 
-from ferrodyn._platform import check_python_version as _check_python_version
+from ferrodyn._platform import check_platform as _check_platform
 
-_check_python_version()
+_check_platform()
 
-from ferrodyn import _C  # noqa: E402  (after the version check, on purpose)
+from ferrodyn import _C  # noqa: E402  (after the platform check, on purpose)
 
 # public name -> owning module
 _PUBLIC = {

@@ -2,13 +2,15 @@
 //! function itself, and [`InterceptedFrame`], the safe view of a frame that the hook hands to
 //! `crate::eval_frame` to decide what runs.
 //!
-//! Version differences (struct layouts, who clears a replaced frame) are in `frame311.rs` /
-//! `frame312.rs`; this file is the same on both.
+//! Version differences (struct layouts, field accessors, who clears a replaced frame) are in
+//! `frame311.rs` / `frame312.rs` / `frame313.rs`; this file is the same on all of them and
+//! reads the frame only through the `version` module's accessors (`frame_code`,
+//! `frame_stacktop`, `frame_slots`, `frame_func`, ...), so a new minor is a new module.
 //!
 //! The hook never replaces a frame it cannot give back correctly: a frame is only offered to
 //! `eval_frame` when it is thread-owned, has no frame object and no locals dict (so it is a plain
 //! function call), is not resumed with `throwflag`, belongs to neither a generator nor a
-//! coroutine, and (3.12) sits on top of the thread's data stack. Everything else runs
+//! coroutine, and (3.12+) sits on top of the thread's data stack. Everything else runs
 //! `_PyEval_EvalFrameDefault` unchanged.
 use std::os::raw::c_int;
 use std::panic::AssertUnwindSafe;
@@ -24,8 +26,10 @@ use crate::cache::CodeState;
 
 #[cfg(not(Py_3_12))]
 pub use super::frame311 as version;
-#[cfg(Py_3_12)]
+#[cfg(all(Py_3_12, not(Py_3_13)))]
 pub use super::frame312 as version;
+#[cfg(all(Py_3_13, not(Py_3_14)))]
+pub use super::frame313 as version;
 
 use version::{CodeHead, InterpreterFrame};
 
@@ -59,7 +63,7 @@ const CO_ITERABLE_COROUTINE: c_int = 0x0100;
 const CO_ASYNC_GENERATOR: c_int = 0x0200;
 const CO_RESUMABLE: c_int =
     CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR;
-/// `FRAME_OWNED_BY_THREAD` (enum _frameowner, Include/internal/pycore_frame.h, 3.11 and 3.12).
+/// `FRAME_OWNED_BY_THREAD` (enum _frameowner, Include/internal/pycore_frame.h, 3.11 to 3.13).
 const FRAME_OWNED_BY_THREAD: std::os::raw::c_char = 0;
 
 /// Frames the hook saw and handed to `eval_frame` (for tests).
@@ -136,7 +140,7 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     if mode == crate::eval_frame::Mode::Off || throwflag != 0 || !replaceable(tstate, frame) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
-    let code = (*frame).f_code;
+    let code = version::frame_code(frame);
     // The code's cache state; the frame keeps its code (and so the state) alive throughout.
     let state = super::code_extra::state_raw(code);
     if !crate::eval_frame::worth_offering(mode, state) {
@@ -192,7 +196,12 @@ fn panicked() -> FrameAction {
 /// The structural conditions under which a frame may be replaced (see the module docs).
 #[inline]
 unsafe fn replaceable(tstate: *mut ffi::PyThreadState, frame: *mut InterpreterFrame) -> bool {
-    let code = (*frame).f_code as *const CodeHead;
+    let code = version::frame_code(frame);
+    // 3.13's `f_executable` may be None (shim frames); every later read assumes a code object.
+    if code.is_null() || ffi::PyCode_Check(code) == 0 {
+        return false;
+    }
+    let code = code as *const CodeHead;
     (*code).co_flags & CO_RESUMABLE == 0
         && (*frame).owner == FRAME_OWNED_BY_THREAD
         && (*frame).frame_obj.is_null()
@@ -207,8 +216,16 @@ unsafe fn replaceable(tstate: *mut ffi::PyThreadState, frame: *mut InterpreterFr
 #[inline]
 unsafe fn args_bound(code: *const CodeHead, frame: *mut InterpreterFrame) -> bool {
     let n = arg_count(&*code);
-    let slots = (*frame).localsplus.as_ptr();
-    (n as c_int) <= (*frame).stacktop && (0..n).all(|i| !(*slots.add(i)).is_null())
+    (n as c_int) <= version::frame_stacktop(frame) && frame_arg_slots(frame, n).all_bound()
+}
+
+/// The first `n` slots of the frame's `localsplus`, tags masked as the version requires.
+///
+/// # Safety
+/// The frame is live and has at least `n` initialised slots, unchanged for `'a`.
+#[inline]
+unsafe fn frame_arg_slots<'a>(frame: *mut InterpreterFrame, n: usize) -> Slots<'a> {
+    Slots::from_tagged(version::frame_slots(frame), n, version::SLOT_TAG_BITS)
 }
 
 /// Positional and keyword-only parameters, plus one each for `*args` and `**kwargs`.
@@ -243,19 +260,19 @@ impl<'py> InterceptedFrame<'py> {
 
     fn code_head(&self) -> *const CodeHead {
         // SAFETY: the frame holds a strong reference to its code for its whole life.
-        unsafe { (*self.frame).f_code as *const CodeHead }
+        unsafe { version::frame_code(self.frame) as *const CodeHead }
     }
 
     /// The frame's code object.
     pub fn code(&self) -> Borrowed<'_, 'py, PyCode> {
         // SAFETY: strong reference held by the frame; it is a code object.
-        unsafe { Borrowed::from_ptr(self.py, (*self.frame).f_code).cast_unchecked() }
+        unsafe { Borrowed::from_ptr(self.py, version::frame_code(self.frame)).cast_unchecked() }
     }
 
     /// The cache state of the frame's code, if any.
     pub fn code_state(&self) -> Option<&CodeState> {
         // SAFETY: the frame keeps its code alive for as long as `self` is borrowed.
-        unsafe { super::code_extra::state_raw((*self.frame).f_code) }
+        unsafe { super::code_extra::state_raw(version::frame_code(self.frame)) }
     }
 
     pub fn globals(&self) -> Borrowed<'_, 'py, PyDict> {
@@ -287,7 +304,7 @@ impl<'py> InterceptedFrame<'py> {
         // SAFETY: the frame has at least co_nlocalsplus >= n slots, initialised by
         // `_PyEvalFramePushAndInit` before the eval function is called, and they stay unchanged
         // until the frame starts or is cleared, neither of which happens while `self` lives.
-        unsafe { Slots::from_raw((*self.frame).localsplus.as_ptr(), n) }
+        unsafe { frame_arg_slots(self.frame, n) }
     }
 
     /// The function's closure cells (in `co_freevars` order), or None.
@@ -307,23 +324,27 @@ impl<'py> InterceptedFrame<'py> {
         }
     }
 
-    /// `fn(*arg_slots, *closure_cells)` by vectorcall, without copying when there is no closure.
+    /// `fn(*arg_slots, *closure_cells)` by vectorcall, without copying when there is no closure
+    /// (and the slots are untagged, as up to 3.13).
     pub fn call_with_slots(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let n = self.arg_count();
+        let slots = self.arg_slots();
+        let n = slots.len();
+        if !slots.all_bound() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "ferrodyn: unbound argument slot",
+            ));
+        }
+        let args = slots.untagged();
         // SAFETY: the slots are valid (see arg_slots) and borrowed by the callee for the call.
         unsafe {
-            let slots = (*self.frame).localsplus.as_ptr();
-            if (0..n).any(|i| (*slots.add(i)).is_null()) {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "ferrodyn: unbound argument slot",
-                ));
-            }
             let res = match self.closure() {
-                None => ffi::PyObject_Vectorcall(f.as_ptr(), slots, n, std::ptr::null_mut()),
+                None => {
+                    ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
+                }
                 Some(cells) => {
                     let m = cells.len();
                     let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + m);
-                    buf.extend_from_slice(std::slice::from_raw_parts(slots, n));
+                    buf.extend_from_slice(&args);
                     for i in 0..m {
                         buf.push(ffi::PyTuple_GET_ITEM(cells.as_ptr(), i as ffi::Py_ssize_t));
                     }
@@ -342,7 +363,7 @@ impl<'py> InterceptedFrame<'py> {
             let c = &*self.code_head();
             vec![
                 ("owner", f.owner as i64),
-                ("stacktop", f.stacktop as i64),
+                ("stacktop", version::frame_stacktop(self.frame) as i64),
                 ("co_nlocalsplus", c.co_nlocalsplus as i64),
                 ("frame_obj_is_null", f.frame_obj.is_null() as i64),
                 ("f_locals_is_null", f.f_locals.is_null() as i64),
@@ -377,20 +398,16 @@ pub fn debug_code_fields(code: &Bound<'_, PyCode>) -> Vec<(&'static str, i64)> {
     }
 }
 
-/// Counters of the hook itself, for tests: frames offered to `eval_frame`, and (3.12)
+/// Counters of the hook itself, for tests: frames offered to `eval_frame`, and (3.12+)
 /// replaced frames whose pop freed a data-stack chunk.
 pub fn debug_counters() -> Vec<(&'static str, u64)> {
-    #[cfg(Py_3_12)]
-    let pops = version::CHUNK_POPS.load(Ordering::Relaxed);
-    #[cfg(not(Py_3_12))]
-    let pops = 0u64;
     vec![
         ("offered", OFFERED.load(Ordering::Relaxed)),
-        ("chunk_pops", pops),
+        ("chunk_pops", version::chunk_pops()),
     ]
 }
 
-/// `(thread_id, native_thread_id)` of the current thread state read through the 3.12 mirror;
+/// `(thread_id, native_thread_id)` of the current thread state read through the 3.12+ mirror;
 /// None on 3.11 (which reads no thread-state field).
 pub fn debug_thread_ids(_py: Python<'_>) -> Option<(u64, u64)> {
     // SAFETY: GIL held; the current thread state is live.

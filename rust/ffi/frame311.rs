@@ -49,6 +49,38 @@ pub struct CodeHead {
     pub co_nfreevars: c_int,
 }
 
+/// The frame's code object (borrowed; the frame holds a strong reference).
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
+#[inline]
+pub unsafe fn frame_code(f: *mut InterpreterFrame) -> *mut ffi::PyObject {
+    (*f).f_code
+}
+
+/// Slots of `localsplus` in use (locals, then the value stack).
+///
+/// # Safety
+/// As for [`frame_code`].
+#[inline]
+pub unsafe fn frame_stacktop(f: *mut InterpreterFrame) -> c_int {
+    (*f).stacktop
+}
+
+/// The frame's `localsplus` array (plain object pointers on 3.11).
+///
+/// # Safety
+/// As for [`frame_code`].
+#[inline]
+pub unsafe fn frame_slots(f: *mut InterpreterFrame) -> *const *mut ffi::PyObject {
+    (*f).localsplus.as_ptr()
+}
+
+/// Low bits of a `localsplus` slot that tag the reference rather than address the object:
+/// none here (plain `PyObject *`); 3.14's `_PyStackRef` slots have them.
+pub const SLOT_TAG_BITS: usize = 0;
+
 /// The function object of the frame (borrowed).
 ///
 /// # Safety
@@ -86,6 +118,11 @@ pub unsafe fn frame_is_stack_top(_ts: *mut ffi::PyThreadState, _f: *mut Interpre
 /// with the GIL held.
 #[inline]
 pub unsafe fn finish_replaced_frame(_ts: *mut ffi::PyThreadState, _f: *mut InterpreterFrame) {}
+
+/// 3.11 never pops frames, so no chunk is ever freed by the hook.
+pub fn chunk_pops() -> u64 {
+    0
+}
 
 /// Thread-state fields read for tests; 3.11 reads none of `PyThreadState` directly.
 ///

@@ -8,9 +8,10 @@
 //! reimplemented here for the one kind of frame the hook replaces: owned by the thread, with
 //! no frame object and no locals dict, on top of the data stack (checked before replacing).
 use std::os::raw::{c_char, c_int, c_uint, c_ulong, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::ffi;
+
+use super::datastack::{self, DataStack, StackChunk};
 
 /// Mirror of `_PyInterpreterFrame`, Include/internal/pycore_frame.h (CPython 3.12.1).
 /// Verified from Python by tests/test_ffi_layout.py.
@@ -49,15 +50,6 @@ pub struct CodeHead {
     pub co_nlocals: c_int,
     pub co_ncellvars: c_int,
     pub co_nfreevars: c_int,
-}
-
-/// Mirror of `_PyStackChunk`, Include/cpython/pystate.h (3.12.1).
-#[repr(C)]
-pub struct StackChunk {
-    pub previous: *mut StackChunk,
-    pub size: usize,
-    pub top: usize,
-    pub data: [*mut ffi::PyObject; 1],
 }
 
 /// Mirror of `struct _ts` (PyThreadState), Include/cpython/pystate.h (3.12.1), up to
@@ -102,9 +94,37 @@ pub struct ThreadStateHead {
     pub datastack_limit: *mut *mut ffi::PyObject,
 }
 
-/// How many replaced frames were the first of their data-stack chunk (so popping them freed
-/// the chunk); tests use it to prove that branch ran.
-pub static CHUNK_POPS: AtomicU64 = AtomicU64::new(0);
+/// The frame's code object (borrowed; the frame holds a strong reference).
+///
+/// # Safety
+/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
+/// with the GIL held.
+#[inline]
+pub unsafe fn frame_code(f: *mut InterpreterFrame) -> *mut ffi::PyObject {
+    (*f).f_code
+}
+
+/// Slots of `localsplus` in use (locals, then the value stack).
+///
+/// # Safety
+/// As for [`frame_code`].
+#[inline]
+pub unsafe fn frame_stacktop(f: *mut InterpreterFrame) -> c_int {
+    (*f).stacktop
+}
+
+/// The frame's `localsplus` array (plain object pointers on 3.12).
+///
+/// # Safety
+/// As for [`frame_code`].
+#[inline]
+pub unsafe fn frame_slots(f: *mut InterpreterFrame) -> *const *mut ffi::PyObject {
+    (*f).localsplus.as_ptr()
+}
+
+/// Low bits of a `localsplus` slot that tag the reference rather than address the object:
+/// none here (plain `PyObject *`); 3.14's `_PyStackRef` slots have them.
+pub const SLOT_TAG_BITS: usize = 0;
 
 /// The function object of the frame (borrowed).
 ///
@@ -141,7 +161,8 @@ pub unsafe fn frame_is_stack_top(ts: *mut ffi::PyThreadState, f: *mut Interprete
 }
 
 /// Clear the frame (its references) and pop it from the data stack: what
-/// `_PyEvalFrameClearAndPop` does for a thread-owned frame without a frame object.
+/// `_PyEvalFrameClearAndPop` -> `clear_thread_frame` does for a thread-owned frame without a
+/// frame object (Python/ceval.c, 3.12.1).
 ///
 /// # Safety
 /// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
@@ -151,40 +172,25 @@ pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut Interpr
     // frame is never linked into the thread's frame chain, so nothing can have created one).
     debug_assert!((*f).frame_obj.is_null());
     let n = (*f).stacktop.max(0) as usize;
-    let slots = (*f).localsplus.as_mut_ptr();
-    for i in 0..n {
-        let p = *slots.add(i);
-        *slots.add(i) = std::ptr::null_mut();
-        ffi::Py_XDECREF(p);
-    }
+    datastack::clear_locals((*f).localsplus.as_mut_ptr(), n, &mut (*f).f_locals);
     (*f).stacktop = 0;
-    let locals = std::mem::replace(&mut (*f).f_locals, std::ptr::null_mut());
-    ffi::Py_XDECREF(locals);
     let func = std::mem::replace(&mut (*f).f_funcobj, std::ptr::null_mut());
     ffi::Py_XDECREF(func);
     let code = (*f).f_code;
-    // `_PyThreadState_PopFrame`.
     let ts = ts as *mut ThreadStateHead;
-    let base = f as *mut *mut ffi::PyObject;
-    let chunk = (*ts).datastack_chunk;
-    if base == (*chunk).data.as_mut_ptr() {
-        let previous = (*chunk).previous;
-        (*ts).datastack_top = (*previous).data.as_mut_ptr().add((*previous).top);
-        (*ts).datastack_chunk = previous;
-        (*ts).datastack_limit =
-            (previous as *mut u8).add((*previous).size) as *mut *mut ffi::PyObject;
-        let mut alloc = std::mem::MaybeUninit::<ffi::PyObjectArenaAllocator>::zeroed();
-        ffi::PyObject_GetArenaAllocator(alloc.as_mut_ptr());
-        let alloc = alloc.assume_init();
-        if let Some(free) = alloc.free {
-            free(alloc.ctx, chunk as *mut c_void, (*chunk).size);
-        }
-        CHUNK_POPS.fetch_add(1, Ordering::Relaxed);
-    } else {
-        (*ts).datastack_top = base;
-    }
-    // The code last, as `clear_thread_frame` does (after the pop: nothing reads the frame now).
+    let ds = DataStack {
+        chunk: &mut (*ts).datastack_chunk,
+        top: &mut (*ts).datastack_top,
+        limit: &mut (*ts).datastack_limit,
+    };
+    datastack::pop_frame(ds, f as *mut *mut ffi::PyObject);
+    // The code last (after the pop: nothing reads the frame now).
     ffi::Py_DECREF(code);
+}
+
+/// Replaced frames whose pop freed a data-stack chunk.
+pub fn chunk_pops() -> u64 {
+    datastack::chunk_pops()
 }
 
 /// `(thread_id, native_thread_id)` read through the mirror, for the layout test.

@@ -1,19 +1,32 @@
-"""Decoding a code object into instructions the translator steps through (3.11 and 3.12).
+"""Decoding a code object into instructions the translator steps through (3.11 to 3.13).
 
 Owns `Instruction` (opcode name, argument, resolved argument value, line, jump target as an
-index) and `decode`, built on `dis.get_instructions` (CACHE entries are skipped by `dis`;
-EXTENDED_ARG is folded into the next instruction's argument). Does not own what instructions
-do (the opcode modules).
+index), `decode`, built on `dis.get_instructions` (CACHE entries are skipped by `dis`;
+EXTENDED_ARG is folded into the next instruction's argument; 3.13's superinstructions such as
+LOAD_FAST_LOAD_FAST keep their pair of names as a tuple `argval`), and the per-version facts
+about control flow that `dis` does not spell out (`FOR_ITER_EXIT_SKIPS`). Does not own what
+instructions do (the opcode modules), nor the call-stack layout (call_stack.py).
 """
 
 from __future__ import annotations
 
 import dis
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any
 
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+# What an exhausted FOR_ITER jumps over: `dis` reports the jump target as the loop's END_FOR,
+# but CPython pops the iterator itself and resumes after these instructions (Python/bytecodes.c,
+# FOR_ITER: 3.12 `JUMPBY(oparg + 1)`, 3.13 `JUMPBY(oparg + 2)`; 3.11 has no END_FOR).
+_FOR_ITER_EXIT_SKIPS: dict[tuple[int, int], tuple[str, ...]] = {
+    (3, 11): (),
+    (3, 12): ("END_FOR",),
+    (3, 13): ("END_FOR", "POP_TOP"),
+}
+FOR_ITER_EXIT_SKIPS = _FOR_ITER_EXIT_SKIPS.get(sys.version_info[:2], ())
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """Opcode handlers: calls and function creation (PRECALL, KW_NAMES, CALL, CALL_FUNCTION_EX,
-MAKE_FUNCTION). A call goes to the callee tracker's `call_function`; user functions inline.
+MAKE_FUNCTION until 3.12). A call goes to the callee tracker's `call_function`; user functions
+inline. Where the callable and its NULL/self slot sit is call_stack.py's; 3.13's CALL_KW,
+MAKE_FUNCTION and SET_FUNCTION_ATTRIBUTE are in opcodes_313.py.
 """
 
 from __future__ import annotations
 
 from ferrodyn.exc import BreakReason
+from ferrodyn.symbolic.call_stack import pop_call, pop_call_ex
 from ferrodyn.symbolic.registry import opcode
-from ferrodyn.symbolic.translator import is_null
 from ferrodyn.variables.base import unsupported
 from ferrodyn.variables.dicts import DictVariable
 from ferrodyn.variables.functions import NestedFunctionVariable
@@ -17,7 +19,7 @@ def PRECALL(tx, inst):
     """Specialization hook of 3.11: the call itself happens at CALL."""
 
 
-@opcode()
+@opcode(until=(3, 12))
 def KW_NAMES(tx, inst):
     tx.kw_names = tuple(tx.code.co_consts[inst.arg])
 
@@ -26,16 +28,8 @@ def _call(tx, fn, args, kwargs):
     return tx.realize(fn).call_function(tx, args, kwargs)
 
 
-@opcode()
-def CALL(tx, inst):
-    args = tx.popn(inst.arg)
-    first, second = tx.popn(2)
-    if is_null(first):
-        fn = second
-    else:
-        fn, args = first, [second, *args]
-    kw = tx.kw_names
-    tx.kw_names = ()
+def call_with_names(tx, fn, args, kw: tuple[str, ...]):
+    """Call `fn` with `args`, the last `len(kw)` of them passed by the keywords `kw`."""
     kwargs = {}
     if kw:
         kwargs = dict(zip(kw, args[len(args) - len(kw):]))
@@ -44,12 +38,19 @@ def CALL(tx, inst):
 
 
 @opcode()
+def CALL(tx, inst):
+    """On 3.11/3.12 a preceding KW_NAMES names the trailing arguments; 3.13 has CALL_KW."""
+    fn, args = pop_call(tx, inst.arg)
+    kw = tx.kw_names
+    tx.kw_names = ()
+    call_with_names(tx, fn, args, kw)
+
+
+@opcode()
 def CALL_FUNCTION_EX(tx, inst):
     kwargs_var = tx.realize(tx.pop()) if inst.arg & 1 else None
     args_var = tx.realize(tx.pop())
-    fn = tx.pop()
-    if tx.stack and is_null(tx.peek()):
-        tx.pop()
+    fn = pop_call_ex(tx)
     args = args_var.iterator(tx).unpack(tx)
     kwargs = {}
     if kwargs_var is not None:
@@ -61,7 +62,7 @@ def CALL_FUNCTION_EX(tx, inst):
     tx.push(_call(tx, fn, args, kwargs))
 
 
-@opcode()
+@opcode(until=(3, 12))
 def MAKE_FUNCTION(tx, inst):
     code = tx.pop().as_python_constant()
     flags = inst.arg

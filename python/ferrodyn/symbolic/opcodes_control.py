@@ -8,10 +8,9 @@ paths of `with` blocks are never executed while tracing, since nothing raises.
 
 from __future__ import annotations
 
-import sys
-
 from ferrodyn.exc import BreakReason
-from ferrodyn.symbolic.registry import opcode
+from ferrodyn.symbolic.instructions import FOR_ITER_EXIT_SKIPS
+from ferrodyn.symbolic.registry import NEWEST, opcode
 from ferrodyn.variables.base import unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.lists import IteratorVariable
@@ -50,7 +49,7 @@ _if_none = _jump_if(_is_none)
 _if_not_none = _jump_if(lambda tx, v: not _is_none(tx, v))
 
 
-def _named(name, fn, since=(3, 11), until=(3, 12)):
+def _named(name, fn, since=(3, 11), until=NEWEST):
     def handler(tx, inst):
         fn(tx, inst)
     handler.__name__ = handler.__qualname__ = name
@@ -97,8 +96,12 @@ def FOR_ITER(tx, inst):
         return
     tx.pop()
     tx.jump(inst)
-    if sys.version_info >= (3, 12) and tx.instructions[tx.ip].opname == "END_FOR":
-        tx.ip += 1  # 3.12: the exhausted iterator skips END_FOR
+    # 3.12+: the exhausted loop resumes past the END_FOR (3.13: and its POP_TOP).
+    skipped = tuple(i.opname for i in tx.instructions[tx.ip:tx.ip + len(FOR_ITER_EXIT_SKIPS)])
+    if skipped != FOR_ITER_EXIT_SKIPS:
+        unsupported(f"FOR_ITER exit to {skipped}, expected {FOR_ITER_EXIT_SKIPS}",
+                    BreakReason.UNSUPPORTED_OPCODE)
+    tx.ip += len(FOR_ITER_EXIT_SKIPS)
 
 
 @opcode()

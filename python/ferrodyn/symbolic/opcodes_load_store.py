@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from ferrodyn.exc import BreakReason
+from ferrodyn.symbolic.call_stack import push_callable
 from ferrodyn.symbolic.registry import opcode
 from ferrodyn.symbolic.translator import is_null
 from ferrodyn.variables.base import NULL, unsupported
@@ -32,7 +33,12 @@ def RETURN_CONST(tx, inst):
     tx.returned = tx.pop()
 
 
-def _load_fast(tx, name):
+def load_fast_value(tx, name):
+    """A local's value; for a cell or free variable, its cell (3.13 compiles LOAD_CLOSURE to a
+    LOAD_FAST of the cell's slot, which holds the cell object)."""
+    code = tx.code
+    if name in code.co_cellvars or name in code.co_freevars:
+        return tx.cell(name)
     if name not in tx.locals:
         unsupported(f"UnboundLocalError: {name!r}", BreakReason.EXCEPTION)
     v = tx.realize(tx.locals[name])
@@ -42,12 +48,12 @@ def _load_fast(tx, name):
 
 @opcode()
 def LOAD_FAST(tx, inst):
-    tx.push(_load_fast(tx, inst.argval))
+    tx.push(load_fast_value(tx, inst.argval))
 
 
 @opcode(since=(3, 12))
 def LOAD_FAST_CHECK(tx, inst):
-    tx.push(_load_fast(tx, inst.argval))
+    tx.push(load_fast_value(tx, inst.argval))
 
 
 @opcode(since=(3, 12))
@@ -57,13 +63,17 @@ def LOAD_FAST_AND_CLEAR(tx, inst):
     tx.stack.append(v)
 
 
+def store_fast_value(tx, name, v):
+    """Bind local `name` to `v` (a NULL from LOAD_FAST_AND_CLEAR unbinds it)."""
+    if is_null(v):
+        tx.locals.pop(name, None)
+    else:
+        tx.locals[name] = v
+
+
 @opcode()
 def STORE_FAST(tx, inst):
-    v = tx.pop()
-    if is_null(v):
-        tx.locals.pop(inst.argval, None)
-    else:
-        tx.locals[inst.argval] = v
+    store_fast_value(tx, inst.argval, tx.pop())
 
 
 @opcode()
@@ -75,9 +85,12 @@ def DELETE_FAST(tx, inst):
 
 @opcode()
 def LOAD_GLOBAL(tx, inst):
+    """Bit 0: the global is the callable of a coming call (pushed with its NULL slot)."""
+    v = tx.load_global(inst.argval)
     if inst.arg & 1:
-        tx.push(NULL)
-    tx.push(tx.load_global(inst.argval))
+        push_callable(tx, v)
+    else:
+        tx.push(v)
 
 
 @opcode()
@@ -92,7 +105,7 @@ def COPY_FREE_VARS(tx, inst):
     """Closure cells were bound when the translator was made."""
 
 
-@opcode()
+@opcode(until=(3, 12))
 def LOAD_CLOSURE(tx, inst):
     tx.push(tx.cell(inst.argval))
 
@@ -107,19 +120,27 @@ def STORE_DEREF(tx, inst):
     tx.cell(inst.argval).store(tx, inst.argval, tx.pop())
 
 
-@opcode()
+@opcode(until=(3, 11))
 def LOAD_ATTR(tx, inst):
     obj = tx.pop()
-    if sys.version_info >= (3, 12) and inst.arg & 1:
-        tx.push(NULL)
     tx.push(obj.var_getattr(tx, inst.argval))
+
+
+@opcode(since=(3, 12))
+def LOAD_ATTR(tx, inst):  # noqa: F811  (one handler per version range)
+    """Bit 0 (3.12+): a method load, the attribute is the callable of a coming call."""
+    obj = tx.pop()
+    attr = obj.var_getattr(tx, inst.argval)
+    if inst.arg & 1:
+        push_callable(tx, attr)
+    else:
+        tx.push(attr)
 
 
 @opcode(until=(3, 11))
 def LOAD_METHOD(tx, inst):
     obj = tx.pop()
-    tx.push(NULL)
-    tx.push(obj.var_getattr(tx, inst.argval))
+    push_callable(tx, obj.var_getattr(tx, inst.argval))
 
 
 @opcode(since=(3, 12))
@@ -130,9 +151,11 @@ def LOAD_SUPER_ATTR(tx, inst):
     cls = tx.pop()
     tx.pop()  # the global `super`
     sup = SuperVariable(cls=cls.as_python_constant(), obj=obj)
+    attr = sup.var_getattr(tx, inst.argval)
     if inst.arg & 1:
-        tx.push(NULL)
-    tx.push(sup.var_getattr(tx, inst.argval))
+        push_callable(tx, attr)
+    else:
+        tx.push(attr)
 
 
 @opcode()

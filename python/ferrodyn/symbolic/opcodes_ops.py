@@ -1,7 +1,9 @@
 """Opcode handlers: operators, subscripts and string formatting (BINARY_OP, COMPARE_OP,
 IS_OP, CONTAINS_OP, UNARY_*, BINARY_SUBSCR/SLICE, STORE_SUBSCR/SLICE, DELETE_SUBSCR, GET_LEN,
 FORMAT_VALUE, BUILD_STRING, CALL_INTRINSIC_1). The semantics live in variables/operators.py
-and in each tracker's getitem/setitem."""
+and in each tracker's getitem/setitem. 3.13's COMPARE_OP (bool coercion bit) and its split
+FORMAT_VALUE (CONVERT_VALUE, FORMAT_SIMPLE, FORMAT_WITH_SPEC) are in opcodes_313.py, on the
+helpers `compare` and `format_constant` here."""
 
 from __future__ import annotations
 
@@ -24,15 +26,21 @@ def BINARY_OP(tx, inst):
     tx.push(ops.binary_op(tx, fn, a, b))
 
 
-@opcode()
-def COMPARE_OP(tx, inst):
+def compare(tx, inst):
+    """Pop two operands and return the tracker of their comparison (`dis` decodes the operator
+    into `argval` on every version)."""
     b = tx.pop()
     a = tx.pop()
     symbol = inst.argval if isinstance(inst.argval, str) else inst.argrepr
     fn = ops.COMPARE_SYMBOLS.get(symbol)
     if fn is None:
         unsupported(f"comparison {symbol}", BreakReason.UNSUPPORTED_OPCODE)
-    tx.push(ops.compare_op(tx, fn, a, b))
+    return ops.compare_op(tx, fn, a, b)
+
+
+@opcode(until=(3, 12))
+def COMPARE_OP(tx, inst):
+    tx.push(compare(tx, inst))
 
 
 @opcode()
@@ -122,20 +130,27 @@ def GET_LEN(tx, inst):
     tx.push(ConstantVariable(value=tx.peek().length(tx)))
 
 
-_CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
+CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
 
 
-@opcode()
-def FORMAT_VALUE(tx, inst):
-    spec = tx.pop().as_python_constant() if inst.arg & 4 else ""
-    value = tx.realize(tx.pop())
+def format_constant(tx, value, conv, spec: str | None):
+    """An f-string part: `conv` (str/repr/ascii or None) then, unless `spec` is None,
+    `format(v, spec)`, folded on a constant (anything else is refused)."""
+    value = tx.realize(value)
     if not value.is_python_constant():
         unsupported(f"f-string of {value.describe()}", BreakReason.UNSUPPORTED_TYPE)
     v = value.as_python_constant()
-    conv = _CONVERSIONS[inst.arg & 3]
     if conv is not None:
-        v = conv(v)
-    tx.push(ConstantVariable(value=fold(format, v, spec)))
+        v = fold(conv, v)
+    if spec is not None:
+        v = fold(format, v, spec)
+    return ConstantVariable(value=v)
+
+
+@opcode(until=(3, 12))
+def FORMAT_VALUE(tx, inst):
+    spec = tx.pop().as_python_constant() if inst.arg & 4 else ""
+    tx.push(format_constant(tx, tx.pop(), CONVERSIONS[inst.arg & 3], spec))
 
 
 @opcode()

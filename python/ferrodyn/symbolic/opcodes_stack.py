@@ -48,7 +48,13 @@ def SWAP(tx, inst):
     tx.stack[-1], tx.stack[-i] = tx.stack[-i], tx.stack[-1]
 
 
-@opcode(since=(3, 12))
+@opcode(since=(3, 12), until=(3, 12))
 def END_FOR(tx, inst):
     """Reached only if FOR_ITER did not skip it: pops the iterator and the last value."""
     tx.popn(2)
+
+
+@opcode(since=(3, 13))
+def END_FOR(tx, inst):  # noqa: F811  (one handler per version range)
+    """3.13: a POP_TOP (followed by another POP_TOP for the iterator); FOR_ITER skips both."""
+    tx.pop()

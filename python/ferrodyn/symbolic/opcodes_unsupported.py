@@ -12,14 +12,15 @@ import sys
 from typing import NamedTuple
 
 from ferrodyn.exc import BreakReason
+from ferrodyn.symbolic.registry import NEWEST, OLDEST
 from ferrodyn.variables.base import unsupported
 
 
 class Refusal(NamedTuple):
     reason: BreakReason
     note: str
-    since: tuple[int, int] = (3, 11)
-    until: tuple[int, int] = (3, 12)
+    since: tuple[int, int] = OLDEST
+    until: tuple[int, int] = NEWEST
 
 
 _EXC = BreakReason.EXCEPTION
@@ -28,6 +29,7 @@ _SIDE = BreakReason.SIDE_EFFECT
 _OP = BreakReason.UNSUPPORTED_OPCODE
 _V311 = {"until": (3, 11)}
 _V312 = {"since": (3, 12)}
+_V313 = {"since": (3, 13)}
 
 UNSUPPORTED: dict[str, Refusal] = {
     # exceptions (raising, handling; the exceptional half of `with`)
@@ -78,9 +80,14 @@ UNSUPPORTED: dict[str, Refusal] = {
         "JUMP", "JUMP_NO_INTERRUPT", "POP_BLOCK", "SETUP_CLEANUP", "SETUP_FINALLY",
         "SETUP_WITH", "LOAD_METHOD", "LOAD_SUPER_METHOD", "LOAD_ZERO_SUPER_ATTR",
         "LOAD_ZERO_SUPER_METHOD", "STORE_FAST_MAYBE_NULL")},
+    # 3.13: LOAD_CLOSURE became a pseudo-instruction (emitted as LOAD_FAST of the cell's slot)
+    "LOAD_CLOSURE": Refusal(_OP, "pseudo-instruction", **_V313),
     # 3.12 interpreter-internal and sys.monitoring instrumentation
     "INTERPRETER_EXIT": Refusal(_OP, "interpreter-internal", **_V312),
     "RESERVED": Refusal(_OP, "interpreter-internal", **_V312),
+    "ENTER_EXECUTOR": Refusal(_OP, "interpreter-internal (tier-2 executor)", **_V313),
+    "EXIT_INIT_CHECK": Refusal(_OP, "interpreter-internal (__init__ shim frame)", **_V313),
+    "INSTRUMENTED_CALL_KW": Refusal(_OP, "sys.monitoring instrumentation", **_V313),
     **{name: Refusal(_OP, "sys.monitoring instrumentation", **_V312) for name in (
         "INSTRUMENTED_CALL", "INSTRUMENTED_CALL_FUNCTION_EX", "INSTRUMENTED_END_FOR",
         "INSTRUMENTED_END_SEND", "INSTRUMENTED_FOR_ITER", "INSTRUMENTED_INSTRUCTION",

@@ -1,8 +1,11 @@
 """Registration of opcode handlers by name, with the Python versions each applies to.
 
 Owns `opcode(...)` (the decorator every handler uses: the function's name is the opcode's
-name, the version range is inclusive, and the handler's docstring gets a link to the `dis`
-documentation), the handler table, and `handler_for(name)`. The explicit table of unsupported
+name, the version range is inclusive and runs to the newest supported minor unless a handler
+says otherwise, and the handler's docstring gets a link to the `dis` documentation), the
+handler table, `handler_for(name)`, and `SUPPORTED_VERSIONS`. An opcode whose meaning changed
+between minors has one handler per range (e.g. `END_FOR` until 3.12 and from 3.13); where only
+the call-stack layout changed, the handler is shared and asks call_stack.py. The explicit table of unsupported
 opcodes lives in opcodes_unsupported.py. tests/test_opcode_coverage.py checks that every opcode
 of the running Python is handled or listed unsupported.
 """
@@ -14,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 DOCS_URL = "https://docs.python.org/{major}.{minor}/library/dis.html#opcode-{name}"
-SUPPORTED_VERSIONS = ((3, 11), (3, 12))
+SUPPORTED_VERSIONS = ((3, 11), (3, 12), (3, 13))
+OLDEST, NEWEST = SUPPORTED_VERSIONS[0], SUPPORTED_VERSIONS[-1]
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class OpcodeHandler:
 HANDLERS: dict[str, list[OpcodeHandler]] = {}
 
 
-def opcode(since: tuple[int, int] = (3, 11), until: tuple[int, int] = (3, 12)):
+def opcode(since: tuple[int, int] = OLDEST, until: tuple[int, int] = NEWEST):
     """Register the decorated function as the handler of the opcode it is named after."""
     def deco(fn: Callable) -> Callable:
         h = OpcodeHandler(fn.__name__, fn, since, until)
