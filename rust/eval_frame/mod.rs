@@ -5,8 +5,10 @@
 //! frames) is `crate::ffi::frame`; it asks [`on_frame_cached`] (and, on a miss with a callback
 //! set, [`on_frame_miss`]) what to do with each candidate frame.
 //! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
-//! callback (`thread`), the frame view (`view`). Does not own: entry storage (`crate::cache`)
+//! callback (`thread`), the frame view (`view`), the native call path of compiled functions
+//! and modules (`call`). Does not own: entry storage (`crate::cache`)
 //! or guard evaluation (`crate::guards`).
+mod call;
 mod debug;
 mod thread;
 mod view;
@@ -173,6 +175,9 @@ fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FrameView>()?;
     m.add_class::<BackendCallback>()?;
+    m.add_class::<call::CompiledFunction>()?;
+    m.add_class::<call::ModuleCall>()?;
+    m.add_class::<call::ModuleCallSlot>()?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(skip_code, m)?)?;
