@@ -82,6 +82,29 @@ def _run(rounds, ferrodyn, dynamo) -> list[dict]:
         case = f"{n} tensor args" + ("" if captured else " [ferrodyn ran eagerly]")
         rows.append({"case": case, "ferrodyn": t["ferrodyn"] / 1e3, "reference": t["torch"] / 1e3,
                      "unit": "us", "reference_name": "torch.compile", "eager_us": t["eager"] / 1e3})
+    # 8 entries of one code (8 input shapes), then calls whose entry is the 1st, and the 8th,
+    # of the code's list (ferrodyn leaves an entry reached past discriminator rejections in
+    # place; torch.compile moves each hit to the front). dynamic=False on both (torch would
+    # otherwise make the size dynamic: one entry).
+    fn = make_fn(1)
+    xs = [torch.randn(k + 1) for k in range(8)]
+    ferrodyn.reset()
+    dynamo.reset()
+    fd = ferrodyn.compile(fn, backend="eager", dynamic=False)
+    tc = torch.compile(fn, backend="eager", dynamic=False)
+    for f in (fd, tc):
+        for x in xs:
+            f(x)
+    entries = ferrodyn._C.cache_entries(fn.__code__)
+    assert len(entries) == 8
+    for pos in (0, 7):
+        x = next(x for x in xs if entries[pos].guards.check((x,), fn.__globals__))
+        fd(x)
+        t = paired_overhead_ns(lambda: fn(x), {"ferrodyn": lambda: fd(x), "torch": lambda: tc(x)},
+                               inner=200, rounds=rounds)
+        assert ferrodyn._C.cache_entries(fn.__code__)[pos] is entries[pos]
+        rows.append({"case": f"1 tensor arg, hit on entry {pos + 1} of 8", "ferrodyn": t["ferrodyn"] / 1e3,
+                     "reference": t["torch"] / 1e3, "unit": "us", "reference_name": "torch.compile"})
     # an nn.Module (one parameter): OptimizedModule vs torch.compile's OptimizedModule
     mod = _Scale()
     x = torch.randn(4)

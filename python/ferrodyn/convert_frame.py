@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import sysconfig
+import threading
 import weakref
 from types import CodeType
 from typing import Any, Callable
@@ -255,6 +256,22 @@ def _uses_graph(out: Out) -> bool:
 # The callback
 # ---------------------------------------------------------------------------------------------
 
+# code -> the lock held while a frame of that code is compiled: one compile per code object at
+# a time. A thread that misses while another compiles the same code runs its frame eagerly
+# meanwhile (it never waits, so a compile that runs user code cannot deadlock against it);
+# compiles of different code objects do not share a lock.
+_compile_locks = _C.WeakIdKeyDictionary()
+_compile_locks_guard = threading.Lock()
+
+
+def _compile_lock(code: CodeType) -> threading.Lock:
+    with _compile_locks_guard:
+        lock = _compile_locks.get(code)
+        if lock is None:
+            lock = _compile_locks[code] = threading.Lock()
+    return lock
+
+
 def _default_tracer():
     from ferrodyn.symbolic import trace_frame
 
@@ -278,7 +295,13 @@ class FrameCallback:
         if code.co_flags & _NO_TRACE_FLAGS or (is_skipped_file(code.co_filename) and code not in _ALWAYS_TRACE):
             _C.skip_code(code)
             return None
-        return self.convert(frame)
+        lock = _compile_lock(code)
+        if not lock.acquire(blocking=False):
+            return None  # another thread compiles this code right now: run this frame eagerly
+        try:
+            return self.convert(frame)
+        finally:
+            lock.release()
 
     # -- the pipeline ---------------------------------------------------------------------
     def convert(self, frame) -> Any:
@@ -286,6 +309,9 @@ class FrameCallback:
         entries = _C.cache_entries(code)
         # The limit counts every backend's entries; the recompile reasons only this backend's.
         mine = [e for e in entries if e.backend_id in (0, self.backend_id)]
+        for e in mine:  # compiled by another thread between this frame's miss and its lock
+            if e.guards.check(frame.args, frame.f_globals, frame.f_builtins, frame.closure):
+                return e  # run it; the cache keeps the one copy it has
         reasons = self._recompile_reasons(code, frame, mine, len(entries)) if mine else []
         if len(entries) >= config.cache_size_limit:
             return None  # Rust runs the frame normally and warns once

@@ -60,8 +60,8 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        let (hit, failures) = cache::lookup(py, st, &input, backend_id);
-        if failures > 0 {
+        let (hit, errors) = cache::lookup(py, st, &input, backend_id);
+        if errors {
             // A failing guard may have swallowed an exception, released under the bare token
             // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
             // next attaches. Hits on the first entry (the common case) skip this.

@@ -311,8 +311,11 @@ impl GuardBuilder {
         self.built = true;
         let mut leaves = std::mem::take(&mut self.leaves);
         leaves.sort_by_key(|l| l.order);
+        let nodes = std::mem::take(&mut self.nodes);
+        let disc = super::tree::discriminator(&nodes, &leaves);
         Ok(GuardTree {
-            nodes: std::mem::take(&mut self.nodes),
+            disc,
+            nodes,
             leaves,
             globals: self.globals.take(),
             builtins: self.builtins.take(),

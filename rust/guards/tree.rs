@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::access::{Access, Defaults};
-use super::leaves::Leaf;
+use super::leaves::{Leaf, LeafKind};
 use super::{GuardInput, Locals};
 use crate::ffi::slots::Slots;
 
@@ -21,6 +21,22 @@ pub struct GuardTree {
     pub(crate) leaves: Vec<Leaf>,
     pub(crate) globals: Option<Py<PyDict>>,
     pub(crate) builtins: Option<Py<PyDict>>,
+    /// The discriminator: the first tensor leaf on an argument slot (`L[i]` itself), as
+    /// (slot index, leaf index). Entries of one code compiled for different shapes/dtypes
+    /// differ there, so a cache lookup rejects non-matching entries with this one leaf
+    /// ([`GuardTree::quick_reject`]) before running a whole tree.
+    pub(crate) disc: Option<(usize, usize)>,
+}
+
+/// The discriminator of a tree with these nodes and (ordered) leaves (see `GuardTree::disc`).
+pub(crate) fn discriminator(nodes: &[Node], leaves: &[Leaf]) -> Option<(usize, usize)> {
+    leaves.iter().enumerate().find_map(|(i, l)| {
+        let n = l.node?;
+        match (&l.kind, &nodes[n].access, nodes[n].parent) {
+            (LeafKind::Tensor(_), Access::Local { index, .. }, None) => Some((*index, i)),
+            _ => None,
+        }
+    })
 }
 
 /// Per-check memo of one node's value: `None` not computed yet, `Some(None)` failed to read.
@@ -30,6 +46,25 @@ impl GuardTree {
     /// The hot-path check: true if every guard passes. Never raises (errors count as failure).
     pub fn check_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> bool {
         self.first_failure(py, input).is_none()
+    }
+
+    /// `Some(errored)` when the discriminator leaf fails on `input` (so the tree would fail):
+    /// one slot read and one tensor check; `errored` when a Python error raised while reading
+    /// a tensor subclass was cleared (the caller releases it as for a failed tree). None when
+    /// it passes, when the tree has none, or for a `Mapping` input. Never raises.
+    #[inline]
+    pub fn quick_reject(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> Option<bool> {
+        let (index, leaf) = self.disc?;
+        let Locals::Slots(s) = &input.locals else {
+            return None;
+        };
+        let Some(v) = s.get(py, index) else {
+            return Some(false);
+        };
+        match &self.leaves[leaf].kind {
+            LeafKind::Tensor(t) if !t.check(&v) => Some(PyErr::take(py).is_some()),
+            _ => None,
+        }
     }
 
     fn first_failure<'py>(
