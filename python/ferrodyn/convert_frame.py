@@ -272,6 +272,17 @@ def _compile_lock(code: CodeType) -> threading.Lock:
     return lock
 
 
+def _exported_inputs(result: TraceResult) -> list:
+    """The graph inputs the guard tree hands to the entry: the distinct ones that are not
+    plain argument slots (reading those costs the entry nothing)."""
+    out, seen = [], set()
+    for src in result.graph_inputs:
+        if not isinstance(src, LocalSource) and src not in seen:
+            seen.add(src)
+            out.append(src)
+    return out
+
+
 def _default_tracer():
     from ferrodyn.symbolic import trace_frame
 
@@ -343,8 +354,11 @@ class FrameCallback:
                 graph_fn = gm.forward  # nothing to compile: torch.compile skips the backend too
             fence = not (_is_fx_forward(graph_fn, gm) and graph_is_closed(gm))
         specs = [*result.guards, GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
+        # Graph inputs reached through attribute/item chains (a module's parameters) are read
+        # once, by the guard tree, and handed to the entry instead of read again there.
+        exported = _exported_inputs(result) if graph_fn is not None else []
         try:
-            tree = compile_guards(specs, frame.f_globals, frame.f_builtins)
+            tree = compile_guards(specs, frame.f_globals, frame.f_builtins, exports=exported)
         except GuardCompileError as e:
             err = Unsupported(f"cannot guard on this value: {e}", BreakReason.UNSUPPORTED_TYPE,
                               filename=code.co_filename, lineno=code.co_firstlineno)
@@ -352,7 +366,8 @@ class FrameCallback:
                 raise err from e
             return self._run_eager(code, frame, err)
         try:
-            fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence)
+            fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence,
+                                        exported=exported)
         except Exception as e:  # an output spec or source the codegen cannot express
             if self.fullgraph or not config.suppress_errors:
                 raise

@@ -99,6 +99,11 @@ impl CacheEntry {
         &self.func
     }
 
+    /// The entry's guard tree.
+    pub fn tree(&self) -> &Py<GuardTree> {
+        &self.guards
+    }
+
     fn record_hit(&self) {
         bump(&self.hits);
     }
@@ -287,11 +292,14 @@ pub fn backend_matches(entry: i64, current: i64) -> bool {
 /// pass on `input`, moved to the front (a hit), or None; with whether a Python error may have
 /// been cleared on the way (a whole tree failed, or a discriminator read raised), for the
 /// caller to release. Entries of other backends are not checked.
-pub fn lookup(
-    py: Python<'_>,
+/// The exported node values of the hit entry's tree go to `exports` (see
+/// `GuardTree::check_export`).
+pub fn lookup<'py>(
+    py: Python<'py>,
     state: &CodeState,
-    input: &GuardInput<'_, '_>,
+    input: &GuardInput<'_, 'py>,
     backend_id: i64,
+    exports: &mut Vec<Bound<'py, PyAny>>,
 ) -> (Option<EntryRef>, bool) {
     let snap = state.snapshot();
     let mut errors = false;
@@ -313,7 +321,12 @@ pub fn lookup(
                 continue;
             }
         }
-        if tree.check_input(py, input) {
+        let pass = if tree.has_exports() {
+            tree.check_export(py, input, exports)
+        } else {
+            tree.check_input(py, input)
+        };
+        if pass {
             entry.record_hit();
             bump(&HITS);
             // Move it to the front only when whole trees failed before it: entries the

@@ -26,6 +26,9 @@ pub struct GuardTree {
     /// differ there, so a cache lookup rejects non-matching entries with this one leaf
     /// ([`GuardTree::quick_reject`]) before running a whole tree.
     pub(crate) disc: Option<(usize, usize)>,
+    /// Nodes whose values a passing check hands to the entry function (after the argument
+    /// slots and closure cells), so it does not read them again (`GuardBuilder.export`).
+    pub(crate) exports: Vec<usize>,
 }
 
 /// The discriminator of a tree with these nodes and (ordered) leaves (see `GuardTree::disc`).
@@ -65,6 +68,55 @@ impl GuardTree {
             LeafKind::Tensor(t) if !t.check(&v) => Some(PyErr::take(py).is_some()),
             _ => None,
         }
+    }
+
+    /// Whether the tree has exported nodes (see [`GuardTree::check_export`]).
+    #[inline]
+    pub fn has_exports(&self) -> bool {
+        !self.exports.is_empty()
+    }
+
+    /// `check_input`, and on a pass the values of the exported nodes appended to `out`, in
+    /// export order (read during the check: the same objects the entry would read). A node
+    /// that cannot be read fails the check.
+    pub fn check_export<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        out: &mut Vec<Bound<'py, PyAny>>,
+    ) -> bool {
+        const STACK: usize = 24;
+        let mut heap;
+        let mut stack: [Val<'py>; STACK];
+        let memo: &mut [Val<'py>] = if self.nodes.len() <= STACK {
+            stack = std::array::from_fn(|_| None);
+            &mut stack[..self.nodes.len()]
+        } else {
+            heap = (0..self.nodes.len()).map(|_| None).collect::<Vec<_>>();
+            &mut heap[..]
+        };
+        if self.run(py, input, memo).is_some() {
+            return false;
+        }
+        let defaults = Defaults {
+            globals: self.globals.as_ref().map(|g| g.bind(py)),
+            builtins: self.builtins.as_ref().map(|b| b.bind(py)),
+        };
+        for &n in &self.exports {
+            self.ensure(py, input, &defaults, memo, n);
+            match memo[n].take().flatten() {
+                Some(v) => {
+                    out.push(v.clone());
+                    memo[n] = Some(Some(v));
+                }
+                None => {
+                    drop(PyErr::take(py));
+                    out.clear();
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     fn first_failure<'py>(
