@@ -83,6 +83,38 @@ class BackendCallback:
     def backend_id(self) -> int: ...
     def __call__(self, frame: FrameView) -> CacheEntry | None: ...
 
+class CompiledFunction:
+    """`fn` under a frame callback, called natively (what `ferrodyn.compile(fn)` returns):
+    each call installs `callback` (as `set_eval_frame` would; parsed once, here) as this
+    thread's callback, calls `fn(*args, **kwargs)` and restores the previous callback, also
+    when `fn` raises. Binds as a method (`__get__`) and has a `__dict__` (for
+    `functools.update_wrapper`)."""
+
+    def __init__(self, fn: Callable[..., Any], callback: Callback | BackendCallback | bool | None) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __get__(self, obj: Any, owner: Any = None) -> Any: ...
+    @property
+    def _ferrodyn_orig(self) -> Callable[..., Any]: ...
+    @property
+    def _ferrodyn_installed(self) -> Any: ...
+
+class ModuleCall:
+    """`OptimizedModule.__call__` of one wrapper: with no hooks on `wrapper`, `orig` or torch's
+    global hook dicts (and `_compiled_call_impl` unset, `wrapper.forward is target`, no JIT
+    tracing), it calls `orig.forward` (or `target`'s function when `inline`) under `target`'s
+    callback; with hooks on `orig` only, `target`; otherwise `nn.Module.__call__(wrapper, ...)`.
+    Checked on every call. Holds `wrapper` weakly."""
+
+    def __init__(self, wrapper: Any, orig: Any, target: CompiledFunction, inline: bool) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+class ModuleCallSlot:
+    """The class-level `__call__` descriptor of OptimizedModule: on an instance it gives the
+    instance's `_ferrodyn_call` (a ModuleCall), or `nn.Module.__call__` bound to it."""
+
+    def __init__(self) -> None: ...
+    def __get__(self, obj: Any, owner: Any = None) -> Any: ...
+
 def set_eval_frame(
     callback: Callback | BackendCallback | bool | None,
 ) -> Callback | BackendCallback | bool | None:

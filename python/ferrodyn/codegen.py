@@ -7,8 +7,8 @@ the return value from the `Out` spec, return it. The source is compiled with `co
 the original code's file name and first line, named like the original, so tracebacks read like
 the user's function. Does not trace, compile graphs or build guards.
 
-The Rust hook calls the entry positionally: `entry(*argument_slots, *closure_cells)` (see
-`_C.CacheEntry`).
+The Rust hook calls the entry positionally: `entry(*argument_slots, *closure_cells, *exports)`
+(see `_C.CacheEntry`; exports are the guard tree's exported graph inputs, if any).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import builtins
 import keyword
 from types import CodeType, FunctionType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ferrodyn import _C
-from ferrodyn.source import CodegenEnv
+from ferrodyn.source import CodegenEnv, Source
 from ferrodyn.trace_result import (
     Out,
     OutCall,
@@ -109,7 +109,8 @@ _RENDER: dict[type, Callable[[_Emitter, Any], str]] = {
 
 
 def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., Any] | None,
-                   f_globals: dict, f_builtins: dict, *, fence: bool = True) -> FunctionType:
+                   f_globals: dict, f_builtins: dict, *, fence: bool = True,
+                   exported: Sequence[Source] = ()) -> FunctionType:
     """The entry function for `code`: calls `graph_fn` (the backend's compiled graph; None when
     the return value needs no graph) on the inputs named by `result.graph_inputs` and returns
     the value described by `result.output`. Its code is marked SKIP so that the hook never
@@ -117,7 +118,11 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
 
     `fence`: run `graph_fn` with this thread's callback set to False (cached entries only, no
     tracing), so that no Python frame inside a compiled graph is ever traced. The caller may
-    drop it for graphs known to reach no user code (convert_frame.graph_is_closed)."""
+    drop it for graphs known to reach no user code (convert_frame.graph_is_closed).
+
+    `exported`: graph-input sources whose values the guard tree hands over (extra parameters
+    after the closure cells, in this order; `GuardBuilder.export`): used instead of reading
+    them again."""
     nslots = argument_slot_count(code)
     params, local_names = [], {}
     for i, name in enumerate(code.co_varnames[:nslots]):
@@ -128,13 +133,15 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
     if len(set(params)) != len(params):  # defensive: never shadow one parameter by another
         local_names = {i: f"{_P}a{i}" for i in local_names}
         params = [*local_names.values(), *cell_names.values()]
+    export_names = {src: f"{_P}x{i}" for i, src in enumerate(exported)}
+    params += export_names.values()
     env = CodegenEnv(local_names, cell_names)
 
     bindings: dict[str, Any] = {}
     emit = _Emitter(env, bindings)
     body = []
     if graph_fn is not None:
-        args = ", ".join(src.to_python(env) for src in result.graph_inputs)
+        args = ", ".join(export_names.get(src) or src.to_python(env) for src in result.graph_inputs)
         if fence:
             body.append(f"try: {_PRIOR} = {_SEF}(False); {_OUT} = {_GRAPH}({args})")
             body.append(f"finally: {_SEF}({_PRIOR})")

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import sysconfig
+import threading
 import weakref
 from types import CodeType
 from typing import Any, Callable
@@ -255,6 +256,33 @@ def _uses_graph(out: Out) -> bool:
 # The callback
 # ---------------------------------------------------------------------------------------------
 
+# code -> the lock held while a frame of that code is compiled: one compile per code object at
+# a time. A thread that misses while another compiles the same code runs its frame eagerly
+# meanwhile (it never waits, so a compile that runs user code cannot deadlock against it);
+# compiles of different code objects do not share a lock.
+_compile_locks = _C.WeakIdKeyDictionary()
+_compile_locks_guard = threading.Lock()
+
+
+def _compile_lock(code: CodeType) -> threading.Lock:
+    with _compile_locks_guard:
+        lock = _compile_locks.get(code)
+        if lock is None:
+            lock = _compile_locks[code] = threading.Lock()
+    return lock
+
+
+def _exported_inputs(result: TraceResult) -> list:
+    """The graph inputs the guard tree hands to the entry: the distinct ones that are not
+    plain argument slots (reading those costs the entry nothing)."""
+    out, seen = [], set()
+    for src in result.graph_inputs:
+        if not isinstance(src, LocalSource) and src not in seen:
+            seen.add(src)
+            out.append(src)
+    return out
+
+
 def _default_tracer():
     from ferrodyn.symbolic import trace_frame
 
@@ -278,7 +306,13 @@ class FrameCallback:
         if code.co_flags & _NO_TRACE_FLAGS or (is_skipped_file(code.co_filename) and code not in _ALWAYS_TRACE):
             _C.skip_code(code)
             return None
-        return self.convert(frame)
+        lock = _compile_lock(code)
+        if not lock.acquire(blocking=False):
+            return None  # another thread compiles this code right now: run this frame eagerly
+        try:
+            return self.convert(frame)
+        finally:
+            lock.release()
 
     # -- the pipeline ---------------------------------------------------------------------
     def convert(self, frame) -> Any:
@@ -286,6 +320,9 @@ class FrameCallback:
         entries = _C.cache_entries(code)
         # The limit counts every backend's entries; the recompile reasons only this backend's.
         mine = [e for e in entries if e.backend_id in (0, self.backend_id)]
+        for e in mine:  # compiled by another thread between this frame's miss and its lock
+            if e.guards.check(frame.args, frame.f_globals, frame.f_builtins, frame.closure):
+                return e  # run it; the cache keeps the one copy it has
         reasons = self._recompile_reasons(code, frame, mine, len(entries)) if mine else []
         if len(entries) >= config.cache_size_limit:
             return None  # Rust runs the frame normally and warns once
@@ -317,8 +354,11 @@ class FrameCallback:
                 graph_fn = gm.forward  # nothing to compile: torch.compile skips the backend too
             fence = not (_is_fx_forward(graph_fn, gm) and graph_is_closed(gm))
         specs = [*result.guards, GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
+        # Graph inputs reached through attribute/item chains (a module's parameters) are read
+        # once, by the guard tree, and handed to the entry instead of read again there.
+        exported = _exported_inputs(result) if graph_fn is not None else []
         try:
-            tree = compile_guards(specs, frame.f_globals, frame.f_builtins)
+            tree = compile_guards(specs, frame.f_globals, frame.f_builtins, exports=exported)
         except GuardCompileError as e:
             err = Unsupported(f"cannot guard on this value: {e}", BreakReason.UNSUPPORTED_TYPE,
                               filename=code.co_filename, lineno=code.co_firstlineno)
@@ -326,7 +366,8 @@ class FrameCallback:
                 raise err from e
             return self._run_eager(code, frame, err)
         try:
-            fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence)
+            fn = codegen.generate_entry(code, result, graph_fn, frame.f_globals, frame.f_builtins, fence=fence,
+                                        exported=exported)
         except Exception as e:  # an output spec or source the codegen cannot express
             if self.fullgraph or not config.suppress_errors:
                 raise

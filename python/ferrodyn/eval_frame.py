@@ -1,7 +1,7 @@
 """The Python side of the frame hook: installing this thread's callback around a call.
 
-Owns the compiled-function wrapper (`wrap_compiled`: set the thread's callback, call the
-original, restore — nothing else per call) and `disable` (callback off around a call or a
+Owns the compiled-function wrapper (`wrap_compiled`: a `_C.CompiledFunction`, which sets the
+thread's callback, calls the original and restores it — nothing else per call) and `disable` (callback off around a call or a
 `with` block). Does not own the callback (convert_frame.py) or the hook itself (Rust).
 """
 
@@ -30,22 +30,17 @@ def hook_callback(callback: Any) -> Any:
 def wrap_compiled(fn: Callable[..., Any], callback: Any) -> Callable[..., Any]:
     """`fn` with `callback` installed as this thread's frame callback for the duration of each
     call: every frame started inside (fn's own and its callees') is seen by the hook, and only
-    runs entries compiled for the callback's backend (see `hook_callback`)."""
-    sef = _set_eval_frame
-    installed = hook_callback(callback)
-
-    @functools.wraps(fn)
-    def ferrodyn_compiled(*args, **kwargs):
-        prior = sef(installed)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sef(prior)
-
-    ferrodyn_compiled._ferrodyn_compiled = True  # type: ignore[attr-defined]
-    ferrodyn_compiled._ferrodyn_orig = fn  # type: ignore[attr-defined]
-    ferrodyn_compiled._ferrodyn_callback = callback  # type: ignore[attr-defined]
-    return ferrodyn_compiled
+    runs entries compiled for the callback's backend (see `hook_callback`). The wrapper is a
+    native `_C.CompiledFunction` (no Python frame per call) carrying fn's name, docstring and
+    `__wrapped__`; it binds as a method like a function."""
+    wrapper = _C.CompiledFunction(fn, hook_callback(callback))
+    try:
+        functools.update_wrapper(wrapper, fn)
+    except AttributeError:  # a callable without __name__ & co.: keep what it has
+        pass
+    wrapper._ferrodyn_compiled = True  # type: ignore[attr-defined]
+    wrapper._ferrodyn_callback = callback  # type: ignore[attr-defined]
+    return wrapper
 
 
 class DisableContext:

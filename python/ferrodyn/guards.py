@@ -63,9 +63,12 @@ def _accessor_for(cls: type):
 
 
 def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
-                   f_builtins: dict | None = None, *, builder_factory: Callable[..., Any] | None = None):
+                   f_builtins: dict | None = None, *, builder_factory: Callable[..., Any] | None = None,
+                   exports: Iterable[Source] = ()):
     """Build one GuardTree from `specs` (duplicates dropped, order kept; the tree orders its
-    leaves cheap-first itself). `builder_factory` defaults to `_C.GuardBuilder`."""
+    leaves cheap-first itself). `builder_factory` defaults to `_C.GuardBuilder`. `exports`:
+    sources whose values a passing check hands to the entry function, in this order, after
+    its argument slots and closure cells (`GuardBuilder.export`)."""
     builder = (builder_factory or _C.GuardBuilder)(f_globals, f_builtins)
     nodes: dict[Source, Any] = {}
     # Sources are nested frozen dataclasses whose hash walks the whole chain: look the same
@@ -104,4 +107,7 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
             leaf(builder, node, spec)
         except TypeError as e:  # a payload the leaf cannot hold (e.g. EQUALS on an object)
             raise GuardCompileError(f"{spec.describe()}: {e}") from e
+    exports = list(exports)
+    for src in exports:
+        builder.export(node_of(src))
     return builder.build()

@@ -2,7 +2,8 @@
 
 Owns the module wrapper: it is an `nn.Module` whose `forward` is the original module's
 `__call__` under ferrodyn's frame callback, so the original's forward pre/post hooks run as
-usual while its `forward` frame is captured. Attribute reads and writes, `state_dict`,
+usual while its `forward` frame is captured. Calling the wrapper enters `_C.ModuleCall`, which
+skips both `nn.Module.__call__` layers when neither module (nor torch globally) has hooks. Attribute reads and writes, `state_dict`,
 `parameters()`, `named_modules()`, `train()`/`eval()` and `len()` go to the original module
 (state-dict keys are the original's, without an `_orig_mod.` prefix). Does not own the compile
 pipeline (convert_frame.py) or the per-call wrapper (eval_frame.py).
@@ -14,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ferrodyn import convert_frame
+from ferrodyn import _C, convert_frame
 from ferrodyn.eval_frame import wrap_compiled
 
 
@@ -37,7 +38,8 @@ def _inline_frame(mod: torch.nn.Module) -> Callable[..., Any]:
 
 
 # Attributes that live on the wrapper itself; everything else goes to the original module.
-_OWN = frozenset({"_orig_mod", "forward", "_ferrodyn_options", "_super_module_initialized", "__dict__"})
+_OWN = frozenset({"_orig_mod", "forward", "_ferrodyn_options", "_super_module_initialized", "__dict__",
+                  "_ferrodyn_call"})
 
 
 class OptimizedModule(torch.nn.Module):
@@ -53,11 +55,15 @@ class OptimizedModule(torch.nn.Module):
         self._modules["_orig_mod"] = mod
         object.__setattr__(self, "_ferrodyn_options", dict(options or {}))
         forward_code = getattr(getattr(type(mod), "forward", None), "__code__", None)
-        if forward_code is not None and convert_frame.is_skipped_file(forward_code.co_filename):
-            target = _inline_frame(mod)
-        else:
-            target = mod.__call__
-        object.__setattr__(self, "forward", wrap_compiled(target, callback))
+        inline = forward_code is not None and convert_frame.is_skipped_file(forward_code.co_filename)
+        target = _inline_frame(mod) if inline else mod.__call__
+        forward = wrap_compiled(target, callback)
+        object.__setattr__(self, "forward", forward)
+        object.__setattr__(self, "_ferrodyn_call", _C.ModuleCall(self, mod, forward, inline))
+
+    # `opt(x)` enters Rust directly: this instance's `_C.ModuleCall`, which calls the original's
+    # `forward` under the callback when no hooks are set anywhere, else nn.Module.__call__.
+    __call__ = _C.ModuleCallSlot()
 
     # -- forwarding to the original ---------------------------------------------------------
     @property

@@ -1,6 +1,7 @@
 //! The per-code cache: compiled entries (`CacheEntry`) of each code object, kept in the code's
-//! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first against
-//! their guard trees, with a per-code size limit and global counters.
+//! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first (an entry
+//! reached past whole-tree failures moves to the front) against
+//! their guard trees (entries past the first pre-filtered by their tree's discriminator leaf), with a per-code size limit and global counters.
 //!
 //! Owns: entry storage and order, the limit and its one-time warning, the counters, `reset()`.
 //! Does not own: the frame hook (`crate::eval_frame`), guard evaluation (`crate::guards`).
@@ -98,6 +99,11 @@ impl CacheEntry {
         &self.func
     }
 
+    /// The entry's guard tree.
+    pub fn tree(&self) -> &Py<GuardTree> {
+        &self.guards
+    }
+
     fn record_hit(&self) {
         bump(&self.hits);
     }
@@ -171,10 +177,19 @@ impl CodeState {
     /// own code (when it is a Python function with a code other than this one) is marked SKIP,
     /// so that calling it on a hit runs its frame directly, as TorchDynamo runs a cached code's
     /// frame; the frames it calls are intercepted as usual.
+    /// An entry already in the list (the same object, returned again by a callback) is
+    /// moved to the front instead: no duplicates.
     pub fn insert(&self, code: &Bound<'_, PyCode>, entry: EntryRef) -> bool {
         mark_entry_code_skip(code, entry.get());
         let refused = {
             let mut l = self.lock();
+            let ptr = entry.as_ptr();
+            if l.snapshot().iter().any(|e| e.as_ptr() == ptr) {
+                l.promote(|e| e.as_ptr() == ptr);
+                drop(l);
+                drop(entry); // outside the lock
+                return true;
+            }
             let r = l.insert_front(entry, cache_size_limit()).err();
             self.len.store(l.len(), Ordering::Relaxed);
             r
@@ -274,33 +289,58 @@ pub fn backend_matches(entry: i64, current: i64) -> bool {
 }
 
 /// The first entry of `state` for backend `backend_id` (see [`backend_matches`]) whose guards
-/// pass on `input`, moved to the front (a hit), or None; with the number of entries whose
-/// guards failed (entries of other backends are not checked and not counted).
-pub fn lookup(
-    py: Python<'_>,
+/// pass on `input`, moved to the front (a hit), or None; with whether a Python error may have
+/// been cleared on the way (a whole tree failed, or a discriminator read raised), for the
+/// caller to release. Entries of other backends are not checked.
+/// The exported node values of the hit entry's tree go to `exports` (see
+/// `GuardTree::check_export`).
+pub fn lookup<'py>(
+    py: Python<'py>,
     state: &CodeState,
-    input: &GuardInput<'_, '_>,
+    input: &GuardInput<'_, 'py>,
     backend_id: i64,
-) -> (Option<EntryRef>, usize) {
+    exports: &mut Vec<Bound<'py, PyAny>>,
+) -> (Option<EntryRef>, bool) {
     let snap = state.snapshot();
-    let mut failures = 0;
+    let mut errors = false;
+    let mut full_failures = false;
+    let many = snap.len() > 1;
     for (i, e) in snap.iter().enumerate() {
         let entry = e.get();
         if !backend_matches(entry.backend_id, backend_id) {
             continue;
         }
-        if entry.guards.get().check_input(py, input) {
+        let tree = entry.guards.get();
+        // With several entries, most were compiled for other inputs (shapes, dtypes): reject
+        // those with the discriminator leaf alone, so that a hit on the 8th
+        // entry costs about a hit on the 1st.
+        if many {
+            if let Some(errored) = tree.quick_reject(py, input) {
+                errors |= errored;
+                bump(&GUARD_FAILURES);
+                continue;
+            }
+        }
+        let pass = if tree.has_exports() {
+            tree.check_export(py, input, exports)
+        } else {
+            tree.check_input(py, input)
+        };
+        if pass {
             entry.record_hit();
             bump(&HITS);
-            if i != 0 {
+            // Move it to the front only when whole trees failed before it: entries the
+            // discriminator rejected cost little, and reordering copies the list.
+            if i != 0 && full_failures {
                 state.promote(e);
             }
-            return (Some(Arc::clone(e)), failures);
+            return (Some(Arc::clone(e)), errors);
         }
-        failures += 1;
+        errors = true;
+        full_failures = true;
         bump(&GUARD_FAILURES);
     }
-    (None, failures)
+    (None, errors)
 }
 
 /// `code` is at the limit and a frame of it will run normally: count it, and warn once per

@@ -5,8 +5,10 @@
 //! frames) is `crate::ffi::frame`; it asks [`on_frame_cached`] (and, on a miss with a callback
 //! set, [`on_frame_miss`]) what to do with each candidate frame.
 //! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
-//! callback (`thread`), the frame view (`view`). Does not own: entry storage (`crate::cache`)
+//! callback (`thread`), the frame view (`view`), the native call path of compiled functions
+//! and modules (`call`). Does not own: entry storage (`crate::cache`)
 //! or guard evaluation (`crate::guards`).
+mod call;
 mod debug;
 mod thread;
 mod view;
@@ -58,8 +60,9 @@ pub fn on_frame_cached(
             builtins: Some(&*builtins),
             closure: closure.as_deref(),
         };
-        let (hit, failures) = cache::lookup(py, st, &input, backend_id);
-        if failures > 0 {
+        let mut exports = Vec::new();
+        let (hit, errors) = cache::lookup(py, st, &input, backend_id, &mut exports);
+        if errors {
             // A failing guard may have swallowed an exception, released under the bare token
             // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
             // next attaches. Hits on the first entry (the common case) skip this.
@@ -67,8 +70,13 @@ pub fn on_frame_cached(
         }
         if let Some(entry) = hit {
             let f = entry.get().func().bind(py).clone();
+            if exports.is_empty() {
+                return Some(FrameAction::Return(
+                    frame.call_with_slots(&f).map(Bound::unbind),
+                ));
+            }
             return Some(FrameAction::Return(
-                frame.call_with_slots(&f).map(Bound::unbind),
+                call_with_exports(frame, &f, exports).map(Bound::unbind),
             ));
         }
     }
@@ -76,6 +84,35 @@ pub fn on_frame_cached(
         return Some(FrameAction::RunDefault);
     }
     None
+}
+
+/// `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it the values
+/// of exported nodes (graph inputs read during the check).
+fn call_with_exports<'py>(
+    frame: &InterceptedFrame<'py>,
+    f: &Bound<'py, PyAny>,
+    exports: Vec<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = frame.py();
+    let slots = frame.arg_slots();
+    let closure = frame.closure();
+    let ncells = closure.as_ref().map_or(0, |c| c.len());
+    let mut args: Vec<Bound<'py, PyAny>> = Vec::with_capacity(slots.len() + ncells + exports.len());
+    for i in 0..slots.len() {
+        match slots.get(py, i) {
+            Some(v) => args.push(v.to_owned()),
+            None => {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "ferrodyn: unbound argument slot",
+                ))
+            }
+        }
+    }
+    if let Some(cells) = closure {
+        args.extend(cells.iter());
+    }
+    args.extend(exports);
+    f.call1(pyo3::types::PyTuple::new(py, args)?)
 }
 
 /// The miss path (a callback is set and no entry passed): the limit, then the callback.
@@ -124,13 +161,39 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
                 Err(e) => return FrameAction::Return(Err(e)),
             };
             let f = entry.get().func().bind(py).clone();
+            // An entry whose tree exports graph inputs takes them as extra arguments: read
+            // them with its guards (which pass on the frame it was compiled for; if they do
+            // not, the frame runs normally this once).
+            let tree = entry.get().tree().bind(py).clone();
+            let mut exports = Vec::new();
+            if tree.get().has_exports() {
+                let globals = frame.globals();
+                let builtins = frame.builtins();
+                let closure = frame.closure();
+                let input = GuardInput {
+                    locals: Locals::Slots(frame.arg_slots()),
+                    globals: Some(&*globals),
+                    builtins: Some(&*builtins),
+                    closure: closure.as_deref(),
+                };
+                if !tree.get().check_export(py, &input, &mut exports) {
+                    exports.clear();
+                }
+            }
+            let runnable = !tree.get().has_exports() || !exports.is_empty();
             if !st.insert(&code, std::sync::Arc::new(entry.unbind())) {
                 // The callback filled the cache itself meanwhile: still run what it returned.
                 if let Err(e) = cache::limit_reached(&code, st) {
                     return FrameAction::Return(Err(e));
                 }
             }
-            FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind))
+            if !runnable {
+                return FrameAction::RunDefault;
+            }
+            if exports.is_empty() {
+                return FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind));
+            }
+            FrameAction::Return(call_with_exports(frame, &f, exports).map(Bound::unbind))
         }
     }
 }
@@ -173,6 +236,9 @@ fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FrameView>()?;
     m.add_class::<BackendCallback>()?;
+    m.add_class::<call::CompiledFunction>()?;
+    m.add_class::<call::ModuleCall>()?;
+    m.add_class::<call::ModuleCallSlot>()?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(skip_code, m)?)?;

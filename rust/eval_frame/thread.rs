@@ -279,16 +279,29 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     let (mode, backend_id, call) = parse_mode(new)?;
     let tstate = hook::current_thread_state(py);
     let prev = current_for(py, tstate);
+    let cb = call.map(|call| (new.clone().unbind(), call.unbind()));
+    let old_cb = switch(py, tstate, mode, backend_id, cb)?;
+    drop(old_cb); // last: may run Python code
+    Ok(prev)
+}
+
+/// Make (mode, backend_id, cb) this thread's hook state for thread state `tstate`, keeping the
+/// in-callback flag; returns the callback slot's previous content (the caller drops it, outside
+/// any borrow: dropping may run Python code).
+fn switch(
+    py: Python<'_>,
+    tstate: usize,
+    mode: Mode,
+    backend_id: i64,
+    cb: Option<(Py<PyAny>, Py<PyAny>)>,
+) -> PyResult<Option<(Py<PyAny>, Py<PyAny>)>> {
     let h = HOOK.with(|h| h.get());
     let in_callback = h.in_callback && h.tstate == tstate;
     if mode != Mode::Off && !SLOT.with(|s| s.borrow().as_ref().is_some_and(|s| s.tstate == tstate))
     {
         thread_flag(py, tstate)?; // first callback on this thread state: create its holder
     }
-    let old_cb = CALLBACK.with(|c| {
-        let cb = call.map(|call| (new.clone().unbind(), call.unbind()));
-        std::mem::replace(&mut *c.borrow_mut(), cb)
-    });
+    let old_cb = CALLBACK.with(|c| std::mem::replace(&mut *c.borrow_mut(), cb));
     HOOK.with(|c| {
         c.set(ThreadHook {
             mode,
@@ -313,8 +326,93 @@ pub fn set(py: Python<'_>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     } else if uninstall {
         hook::uninstall(py);
     }
-    drop(old_cb); // last: may run Python code
-    Ok(prev)
+    Ok(old_cb)
+}
+
+/// A callback parsed once (what `set_eval_frame(obj)` would install), for the native call
+/// path (`CompiledFunction`): entering it costs no type checks.
+pub struct Installed {
+    obj: Py<PyAny>,
+    call: Option<Py<PyAny>>,
+    mode: Mode,
+    backend_id: i64,
+}
+
+impl Installed {
+    pub fn parse(new: &Bound<'_, PyAny>) -> PyResult<Installed> {
+        let (mode, backend_id, call) = parse_mode(new)?;
+        Ok(Installed {
+            obj: new.clone().unbind(),
+            call: call.map(Bound::unbind),
+            mode,
+            backend_id,
+        })
+    }
+
+    pub fn object(&self) -> &Py<PyAny> {
+        &self.obj
+    }
+
+    /// The Python objects held (for the owner's GC traversal).
+    pub fn objects(&self) -> impl Iterator<Item = &Py<PyAny>> {
+        std::iter::once(&self.obj).chain(self.call.iter())
+    }
+}
+
+/// What [`enter`] replaced, restored by [`exit`].
+pub struct Saved {
+    tstate: usize,
+    mode: Mode,
+    backend_id: i64,
+    cb: Option<(Py<PyAny>, Py<PyAny>)>,
+}
+
+/// Install `inst` as this thread's callback for a call: the native equivalent of
+/// `prior = set_eval_frame(obj)`; [`exit`] is `set_eval_frame(prior)`.
+pub fn enter(py: Python<'_>, inst: &Installed) -> PyResult<Saved> {
+    let tstate = hook::current_thread_state(py);
+    let h = HOOK.with(|h| h.get());
+    let cb = inst
+        .call
+        .as_ref()
+        .map(|c| (inst.obj.clone_ref(py), c.clone_ref(py)));
+    let old = switch(py, tstate, inst.mode, inst.backend_id, cb)?;
+    if h.tstate == tstate {
+        Ok(Saved {
+            tstate,
+            mode: h.mode,
+            backend_id: h.backend_id,
+            cb: old,
+        })
+    } else {
+        // The thread-local state was another thread state's: as `current_for`, prior is None.
+        drop(old);
+        Ok(Saved {
+            tstate,
+            mode: Mode::Off,
+            backend_id: 0,
+            cb: None,
+        })
+    }
+}
+
+/// Restore what [`enter`] replaced.
+pub fn exit(py: Python<'_>, saved: Saved) {
+    let Saved {
+        tstate,
+        mode,
+        backend_id,
+        cb,
+    } = saved;
+    // Restoring never creates a holder (`enter` made one if any mode other than Off was set on
+    // this thread state), so it cannot fail; if it ever did, the thread's hook is left off.
+    match switch(py, tstate, mode, backend_id, cb) {
+        Ok(old) => drop(old),
+        Err(e) => {
+            let _ = switch(py, tstate, Mode::Off, 0, None).map(drop);
+            e.write_unraisable(py, None);
+        }
+    }
 }
 
 /// Run `f` with this thread's hook off for the frames `f` runs (the callback's own frames).

@@ -44,6 +44,7 @@ pub struct GuardBuilder {
     depth: Vec<usize>,
     keys: HashMap<(Option<usize>, AccessKey), usize>,
     leaves: Vec<Leaf>,
+    exports: Vec<usize>,
     globals: Option<Py<PyDict>>,
     builtins: Option<Py<PyDict>>,
     built: bool,
@@ -144,6 +145,7 @@ impl GuardBuilder {
             depth: Vec::new(),
             keys: HashMap::new(),
             leaves: Vec::new(),
+            exports: Vec::new(),
             globals: f_globals.map(|g| g.unbind()),
             builtins: Some(builtins),
             built: false,
@@ -239,6 +241,15 @@ impl GuardBuilder {
         )
     }
 
+    /// Hand `node`'s value to the entry function on every passing check (appended after the
+    /// argument slots and closure cells, in export order); returns its position among exports.
+    fn export(&mut self, node: PyRef<'_, GuardNode>) -> Result<usize> {
+        self.live()?;
+        let n = self.own(&node)?;
+        self.exports.push(n);
+        Ok(self.exports.len() - 1)
+    }
+
     // -- leaves ---------------------------------------------------------------------------
 
     fn type_is(&mut self, node: PyRef<'_, GuardNode>, typ: &Bound<'_, PyAny>) -> Result<()> {
@@ -311,8 +322,12 @@ impl GuardBuilder {
         self.built = true;
         let mut leaves = std::mem::take(&mut self.leaves);
         leaves.sort_by_key(|l| l.order);
+        let nodes = std::mem::take(&mut self.nodes);
+        let disc = super::tree::discriminator(&nodes, &leaves);
         Ok(GuardTree {
-            nodes: std::mem::take(&mut self.nodes),
+            disc,
+            exports: std::mem::take(&mut self.exports),
+            nodes,
             leaves,
             globals: self.globals.take(),
             builtins: self.builtins.take(),

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::access::{Access, Defaults};
-use super::leaves::Leaf;
+use super::leaves::{Leaf, LeafKind};
 use super::{GuardInput, Locals};
 use crate::ffi::slots::Slots;
 
@@ -21,6 +21,25 @@ pub struct GuardTree {
     pub(crate) leaves: Vec<Leaf>,
     pub(crate) globals: Option<Py<PyDict>>,
     pub(crate) builtins: Option<Py<PyDict>>,
+    /// The discriminator: the first tensor leaf on an argument slot (`L[i]` itself), as
+    /// (slot index, leaf index). Entries of one code compiled for different shapes/dtypes
+    /// differ there, so a cache lookup rejects non-matching entries with this one leaf
+    /// ([`GuardTree::quick_reject`]) before running a whole tree.
+    pub(crate) disc: Option<(usize, usize)>,
+    /// Nodes whose values a passing check hands to the entry function (after the argument
+    /// slots and closure cells), so it does not read them again (`GuardBuilder.export`).
+    pub(crate) exports: Vec<usize>,
+}
+
+/// The discriminator of a tree with these nodes and (ordered) leaves (see `GuardTree::disc`).
+pub(crate) fn discriminator(nodes: &[Node], leaves: &[Leaf]) -> Option<(usize, usize)> {
+    leaves.iter().enumerate().find_map(|(i, l)| {
+        let n = l.node?;
+        match (&l.kind, &nodes[n].access, nodes[n].parent) {
+            (LeafKind::Tensor(_), Access::Local { index, .. }, None) => Some((*index, i)),
+            _ => None,
+        }
+    })
 }
 
 /// Per-check memo of one node's value: `None` not computed yet, `Some(None)` failed to read.
@@ -30,6 +49,74 @@ impl GuardTree {
     /// The hot-path check: true if every guard passes. Never raises (errors count as failure).
     pub fn check_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> bool {
         self.first_failure(py, input).is_none()
+    }
+
+    /// `Some(errored)` when the discriminator leaf fails on `input` (so the tree would fail):
+    /// one slot read and one tensor check; `errored` when a Python error raised while reading
+    /// a tensor subclass was cleared (the caller releases it as for a failed tree). None when
+    /// it passes, when the tree has none, or for a `Mapping` input. Never raises.
+    #[inline]
+    pub fn quick_reject(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> Option<bool> {
+        let (index, leaf) = self.disc?;
+        let Locals::Slots(s) = &input.locals else {
+            return None;
+        };
+        let Some(v) = s.get(py, index) else {
+            return Some(false);
+        };
+        match &self.leaves[leaf].kind {
+            LeafKind::Tensor(t) if !t.check(&v) => Some(PyErr::take(py).is_some()),
+            _ => None,
+        }
+    }
+
+    /// Whether the tree has exported nodes (see [`GuardTree::check_export`]).
+    #[inline]
+    pub fn has_exports(&self) -> bool {
+        !self.exports.is_empty()
+    }
+
+    /// `check_input`, and on a pass the values of the exported nodes appended to `out`, in
+    /// export order (read during the check: the same objects the entry would read). A node
+    /// that cannot be read fails the check.
+    pub fn check_export<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        out: &mut Vec<Bound<'py, PyAny>>,
+    ) -> bool {
+        const STACK: usize = 24;
+        let mut heap;
+        let mut stack: [Val<'py>; STACK];
+        let memo: &mut [Val<'py>] = if self.nodes.len() <= STACK {
+            stack = std::array::from_fn(|_| None);
+            &mut stack[..self.nodes.len()]
+        } else {
+            heap = (0..self.nodes.len()).map(|_| None).collect::<Vec<_>>();
+            &mut heap[..]
+        };
+        if self.run(py, input, memo).is_some() {
+            return false;
+        }
+        let defaults = Defaults {
+            globals: self.globals.as_ref().map(|g| g.bind(py)),
+            builtins: self.builtins.as_ref().map(|b| b.bind(py)),
+        };
+        for &n in &self.exports {
+            self.ensure(py, input, &defaults, memo, n);
+            match memo[n].take().flatten() {
+                Some(v) => {
+                    out.push(v.clone());
+                    memo[n] = Some(Some(v));
+                }
+                None => {
+                    drop(PyErr::take(py));
+                    out.clear();
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     fn first_failure<'py>(
