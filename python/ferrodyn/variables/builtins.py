@@ -81,12 +81,15 @@ def _items(tx, iterable) -> list:
 
 
 def _enumerate(tx, iterable, start=None):
+    from ferrodyn.variables.lists import enumerate_iterator
     first = 0 if start is None else _const_arg(tx, start, "enumerate")
-    return IteratorVariable.over(TupleVariable(items=(_c(i + first), v))
-                                 for i, v in enumerate(_items(tx, iterable)))
+    return enumerate_iterator(tx, iterable, first)
 
 
 def _zip(tx, *iterables, strict=None):
+    from ferrodyn.variables.lists import zip_iterator
+    if strict is None:
+        return zip_iterator(tx, iterables)
     seqs = [_items(tx, it) for it in iterables]
     if strict is not None and _const_arg(tx, strict, "zip") and len({len(s) for s in seqs}) > 1:
         unsupported("zip(strict=True) length mismatch", BreakReason.EXCEPTION)
@@ -94,7 +97,8 @@ def _zip(tx, *iterables, strict=None):
 
 
 def _reversed(tx, seq):
-    return IteratorVariable.over(list(reversed(tx.realize(seq).unpack(tx))))
+    from ferrodyn.variables.lists import reversed_iterator
+    return reversed_iterator(tx, seq)
 
 
 def _minmax(fn):
