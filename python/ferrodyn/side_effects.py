@@ -218,9 +218,9 @@ class SideEffects:
     def replay(self, tx: Any, before: Iterable[Out] = ()) -> tuple[tuple[Out, ...], tuple[Out, ...]]:
         """(`before` made shared, effects): evaluate the effects in order, after the graph call;
         the first effect materialises `before` and every value the later ones use."""
-        before = tuple(self._prefetch(o) for o in before)
         if not self._log:
-            return before, ()
+            return tuple(before), ()
+        before = tuple(self._prefetch(o) for o in before)
         calls: list[tuple[Callable, tuple[Out, ...]]] = []
         for entry in self._log:
             kind = entry[0]
@@ -248,7 +248,16 @@ class SideEffects:
 
     @staticmethod
     def _value(tx: Any, value: "VariableTracker") -> Out:
-        return tx.realize(value).reconstruct(tx)
+        return value_out(tx, value)
+
+
+def value_out(tx: Any, value: "VariableTracker") -> Out:
+    """The Out of a value to store: an input the trace never looked at is read back through its
+    Source (no guard, no graph input for it); anything else is rebuilt by its tracker."""
+    from ferrodyn.variables.base import LazyVariable
+    if isinstance(value, LazyVariable) and value.source is not None:
+        return OutSource(value.source)
+    return tx.realize(value).reconstruct(tx)
 
 
 def existing_out(var: "VariableTracker") -> Out:

@@ -51,9 +51,9 @@ class DictState:
 
     def _replay(self, tx):
         from ferrodyn.trace_result import OutSource
+        from ferrodyn.side_effects import value_out
         return replace_dict, (OutSource(self.source), OutConst(tuple(self.items)),
-                              OutTuple(tuple(tx.realize(v).reconstruct(tx)
-                                             for v in self.items.values())))
+                              OutTuple(tuple(value_out(tx, v) for v in self.items.values())))
 
 
 @dataclass(frozen=True, eq=False)

@@ -126,8 +126,9 @@ class ListState:
 
     def _replay(self, tx):
         from ferrodyn.trace_result import OutSource
+        from ferrodyn.side_effects import value_out
         return replace_list, (OutSource(self.source),
-                              OutList(tuple(tx.realize(i).reconstruct(tx) for i in self.items)))
+                              OutList(tuple(value_out(tx, i) for i in self.items)))
 
 
 @dataclass(frozen=True, eq=False)

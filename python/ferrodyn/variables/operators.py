@@ -190,7 +190,8 @@ def TupleVariableFrom(value: tuple) -> VariableTracker:
 def is_same(tx, a: VariableTracker, b: VariableTracker) -> bool:
     """`a is b` at trace time."""
     a, b = tx.realize(a), tx.realize(b)
-    if a.source is not None or b.source is not None:
+    if (a.source is not None or b.source is not None) and not \
+            (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
         tx.output.side_effects.identity_sensitive = True  # the answer is guarded (aliasing)
     if _is_tensor(a) and _is_tensor(b) and a.node is not b.node and a.example is b.example:
         unsupported("`is` between two inputs that are the same tensor (aliasing is not guarded)",
