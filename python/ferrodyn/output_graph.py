@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind, GuardSpec
-from ferrodyn.side_effects import SideEffects
+from ferrodyn.side_effects import SideEffects, unshare
 from ferrodyn.source import Source
 from ferrodyn.trace_result import OutGraph, OutSource, TraceResult
 from ferrodyn.variables.base import VariableTracker, unsupported
@@ -120,6 +120,7 @@ class OutputGraph:
         tx.graph_output = graph_output
         out = value.reconstruct(tx)
         (out,), effects = self.side_effects.replay(tx, (out,))
+        out, *effects = unshare((out, *effects))
         self.graph.output(tuple(outputs))
         self.graph.lint()
         mutates = self._mutates_inputs()
@@ -130,7 +131,7 @@ class OutputGraph:
         return TraceResult(graph=gm, graph_inputs=list(self.graph_inputs),
                            example_inputs=list(self.example_inputs), output=out,
                            guards=list(self.guards.values()), notes=list(self.notes),
-                           side_effects=effects, graph_has_effects=mutates)
+                           side_effects=tuple(effects), graph_has_effects=mutates)
 
     def _mutates_inputs(self) -> bool:
         """Whether an in-place op of the graph writes to the storage of a graph input."""

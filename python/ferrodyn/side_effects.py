@@ -25,6 +25,7 @@ building Out nodes of values (each tracker's `reconstruct`), rendering (codegen.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -249,6 +250,49 @@ class SideEffects:
     @staticmethod
     def _value(tx: Any, value: "VariableTracker") -> Out:
         return value_out(tx, value)
+
+
+def unshare(outs: tuple[Out, ...]) -> tuple[Out, ...]:
+    """`outs` with every OutShared that occurs only once replaced by its value (the common
+    case: a new list returned once needs no binding)."""
+    counts: dict[int, int] = {}
+
+    def count(o):
+        if isinstance(o, OutShared):
+            counts[o.key] = counts.get(o.key, 0) + 1
+            if counts[o.key] > 1:
+                return
+        for f in _children(o):
+            count(f)
+
+    def strip(o):
+        if isinstance(o, OutShared) and counts.get(o.key, 0) == 1:
+            return strip(o.value)
+        if not dataclasses.is_dataclass(o):
+            return o
+        changes = {}
+        for f in dataclasses.fields(o):
+            v = getattr(o, f.name)
+            if isinstance(v, Out):
+                changes[f.name] = strip(v)
+            elif isinstance(v, tuple) and any(isinstance(i, Out) for i in v):
+                changes[f.name] = tuple(strip(i) if isinstance(i, Out) else i for i in v)
+        return dataclasses.replace(o, **changes) if changes else o
+
+    for o in outs:
+        count(o)
+    return tuple(strip(o) for o in outs)
+
+
+def _children(o: Out):
+    if not dataclasses.is_dataclass(o):
+        return
+    for f in dataclasses.fields(o):
+        v = getattr(o, f.name)
+        if isinstance(v, Out):
+            yield v
+        elif isinstance(v, tuple):
+            yield from (i for i in v if isinstance(i, Out))
 
 
 def value_out(tx: Any, value: "VariableTracker") -> Out:
