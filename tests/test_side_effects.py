@@ -276,3 +276,53 @@ def test_aliasing_guard_recompiles_when_aliasing_changes():
         assert torch.equal(c(a_c, b_c, torch.ones(2)), f(a_e, b_e, torch.ones(2)))
         assert (a_c, b_c) == (a_e, b_e)
     assert cb.count == 2
+
+
+IDENTITY_CASES = {
+    # fresh containers and objects are distinct objects (`is`) even when equal
+    "fresh_containers_are_distinct": """
+        def f(x):
+            a, b = [], []
+            c, d = {}, {}
+            e, g = Obj(), Obj()
+            return x + 1, (a is b, c is d, e is g, a == b, c == d)
+    """,
+    "new_list_returned_twice_is_one_object": """
+        def f(x):
+            xs = [x + 1]
+            return xs, xs, {"k": xs}
+    """,
+    "new_object_returned_and_stored_is_one_object": """
+        def f(o, x):
+            p = Obj()
+            p.n = 3
+            o.child = p
+            return x + 1, p
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(IDENTITY_CASES))
+def test_identity_of_new_objects(name):
+    """The aliasing structure of what the entry returns and stores is that of eager (the
+    snapshot records which parts are the same object)."""
+    src = "class Obj:\n    def __init__(self):\n        self.n = 0\n        self.items = []\n" + \
+        __import__("textwrap").dedent(IDENTITY_CASES[name])
+    make = (lambda g: (g["Obj"](), torch.ones(2))) if "def f(o," in src else \
+        (lambda g: (torch.ones(2),))
+    out = differential(src, "f", make)
+    assert out["ferrodyn"][1] == 1
+
+
+def test_inplace_on_closure_tensor_reaches_it():
+    src = """
+        def make():
+            t = torch.zeros(2)
+            def f(x):
+                t.add_(x)
+                return t * 1
+            return f
+        f = make()
+    """
+    differential(src, "f", lambda g: (torch.ones(2),),
+                 state=lambda g: g["f"].__closure__[0].cell_contents)

@@ -85,6 +85,40 @@ VIEW_CASES = {
                 out.append(a + b)
             return x + 1, out
     """,
+    "map_is_lazy_and_interleaves": """
+        def f(xs, x):
+            log = []
+            def g(v):
+                log.append(["g", v])
+                return v * 2
+            for y in map(g, xs):
+                log.append(["body", y])
+                if len(xs) < 4:
+                    xs.append(y)
+            return x + len(log), log
+    """,
+    "map_partially_consumed": """
+        def f(xs, x):
+            calls = []
+            def g(v):
+                calls.append(v)
+                return v
+            m = map(g, xs)
+            first = next(m)
+            return x + first, calls
+    """,
+    "filter_is_lazy": """
+        def f(xs, x):
+            seen = []
+            def keep(v):
+                seen.append(v)
+                return v % 2
+            out = []
+            for v in filter(keep, xs):
+                out.append(v)
+                xs.append(v + 1) if len(xs) < 4 else None
+            return x + 1, seen, out
+    """,
 }
 
 

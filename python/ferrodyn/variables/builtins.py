@@ -239,18 +239,15 @@ def _sorted(tx, iterable, key=None, reverse=None):
 
 
 def _map(tx, fn, *iterables):
-    fn = tx.realize(fn)
-    seqs = [_items(tx, it) for it in iterables]
-    return IteratorVariable.over(fn.call_function(tx, list(t), {}) for t in zip(*seqs))
+    from ferrodyn.variables.lists import map_iterator
+    if not iterables:
+        unsupported("map() must have at least two arguments", BreakReason.EXCEPTION)
+    return map_iterator(tx, tx.realize(fn), iterables)
 
 
 def _filter(tx, fn, iterable):
-    fn = tx.realize(fn)
-    items = _items(tx, iterable)
-    if fn.is_python_constant() and fn.as_python_constant() is None:
-        return IteratorVariable.over(i for i in items if tx.realize(i).truth(tx))
-    return IteratorVariable.over(
-        i for i in items if tx.realize(fn.call_function(tx, [i], {})).truth(tx))
+    from ferrodyn.variables.lists import filter_iterator
+    return filter_iterator(tx, tx.realize(fn), iterable)
 
 
 def _super(tx, *args):

@@ -293,6 +293,33 @@ def zip_iterator(tx, iterables) -> IteratorVariable:
     return IteratorVariable(state=IterState([], step=step))
 
 
+def map_iterator(tx, fn: VariableTracker, iterables) -> IteratorVariable:
+    """`map(fn, *iterables)`: lazy; `fn` runs when an item is taken, as in CPython (so calls
+    interleave with the loop body's effects in program order)."""
+    pairs = zip_iterator(tx, iterables)
+
+    def step(tx):
+        args = pairs.next(tx)
+        if args is None:
+            return None
+        return fn.call_function(tx, list(args.items), {})
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def filter_iterator(tx, fn: VariableTracker, iterable: VariableTracker) -> IteratorVariable:
+    """`filter(fn, iterable)`: lazy, as in CPython (`fn` None: truth of the item)."""
+    inner = tx.realize(iterable).iterator(tx)
+    identity = fn.is_python_constant() and fn.as_python_constant() is None
+
+    def step(tx):
+        while (item := inner.next(tx)) is not None:
+            keep = tx.realize(item) if identity else tx.realize(fn.call_function(tx, [item], {}))
+            if keep.truth(tx):
+                return item
+        return None
+    return IteratorVariable(state=IterState([], step=step))
+
+
 # ---- method tables ------------------------------------------------------------------------
 
 def _const(v):
