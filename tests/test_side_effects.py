@@ -326,3 +326,54 @@ def test_inplace_on_closure_tensor_reaches_it():
     """
     differential(src, "f", lambda g: (torch.ones(2),),
                  state=lambda g: g["f"].__closure__[0].cell_contents)
+
+
+DICT_VIEW_OF_OBJECT_CASES = {
+    "write_dict_read_attr": """
+        def f(o, x):
+            d = o.__dict__
+            d["n"] = 7
+            return x + o.n
+    """,
+    "write_attr_read_dict": """
+        def f(o, x):
+            o.n = 1
+            return x + o.__dict__["n"]
+    """,
+    "read_dict_then_write_attr": """
+        def f(o, x):
+            d = o.__dict__
+            o.n = 5
+            return x + d["n"]
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DICT_VIEW_OF_OBJECT_CASES))
+def test_object_attributes_and_its_dict_agree(name):
+    """An object's attributes and its `__dict__` used as a dict are one state: a write through
+    one is seen through the other, or the frame is refused — never a stale read."""
+    src = "class Obj:\n    def __init__(self):\n        self.n = 0\n        self.items = []\n" + \
+        __import__("textwrap").dedent(DICT_VIEW_OF_OBJECT_CASES[name])
+    differential(src, "f", lambda g: (g["Obj"](), torch.ones(2)), compare_torch_count=False)
+
+
+def test_module_internal_dicts_are_not_mutated_behind_lookups():
+    """Writes into `_buffers` / hook dicts through a dict tracker would not be seen by module
+    attribute lookup and calls (they read those dicts directly): refused, values stay right."""
+    src = """
+        m = torch.nn.Linear(2, 2)
+        def f(x):
+            m._buffers["extra"] = x * 2
+            return x + m.extra
+        def g(x):
+            m._forward_hooks[0] = lambda mod, inp, out: out * 0
+            return m(x)
+    """
+    import ferrodyn
+    for fname in ("f", "g"):
+        differential(src, fname, lambda g: (torch.ones(2),), calls=1, compare_torch_count=False)
+        ns = {"torch": torch}
+        exec(__import__("textwrap").dedent(src), ns)
+        report = ferrodyn.explain(ns[fname])(torch.ones(2))
+        assert any("internal dict" in str(r) for r in report.break_reasons)

@@ -83,6 +83,11 @@ def store_cell(cell: Any, value: Any) -> None:
     cell.cell_contents = value
 
 
+def _global_hook_dict_ids() -> set[int]:
+    import torch.nn.modules.module as mm
+    return {id(v) for k, v in vars(mm).items() if k.startswith("_global") and isinstance(v, dict)}
+
+
 class SideEffects:
     """The identity table and mutation log of one capture (held by the OutputGraph)."""
 
@@ -92,6 +97,9 @@ class SideEffects:
         self._log: list[tuple] = []                       # program order
         self._mutated_states: set[int] = set()
         self._attrs: dict[tuple[int, str], Any] = {}      # pending attribute values
+        self._written_dicts: dict[int, dict] = {}         # __dict__ of objects with pending attrs
+        self._internal: dict[int, Any] = {}               # nn.Module internal containers
+        self._mutated_objs: dict[int, Any] = {}           # EXISTING containers mutated
         self._globals: dict[tuple[int, str], Any] = {}    # pending global values
         self._shared: dict[int, tuple[Any, OutShared]] = {}  # id(state) -> (state, out)
         self._next_key = 0
@@ -109,6 +117,9 @@ class SideEffects:
         return hit[1]
 
     def track(self, value: Any, source: "Source | None", var: "VariableTracker") -> "VariableTracker":
+        import torch
+        if isinstance(value, torch.nn.Module):
+            self._note_module_internals(value)
         self._by_id[id(value)] = (value, var)
         if source is not None:
             self._reached.append((source, value))
@@ -154,10 +165,33 @@ class SideEffects:
             sids.append(sid)
         return tuple(srcs), tuple(gids), tuple(sids)
 
+    # -- containers read behind the trackers' back -------------------------------------------
+    def _note_module_internals(self, m: Any) -> None:
+        """nn.Module lookups, calls and tree walks read `_parameters`, `_buffers`, `_modules`
+        and the hook dicts directly: mutating them through a dict tracker would not be seen, so
+        it is refused (in either order)."""
+        from ferrodyn.variables.base import unsupported
+        for k, v in vars(m).items():
+            if k.startswith("_") and isinstance(v, (dict, list)):
+                if id(v) in self._mutated_objs:
+                    unsupported(f"module {type(m).__name__}.{k} mutated as a container",
+                                BreakReason.SIDE_EFFECT)
+                self._internal[id(v)] = v
+
+    def _check_not_internal(self, obj: Any) -> None:
+        from ferrodyn.variables.base import unsupported
+        if obj is None:
+            return
+        if self._internal.get(id(obj)) is obj or id(obj) in _global_hook_dict_ids():
+            unsupported("mutation of an nn.Module's internal dict (parameters, buffers, "
+                        "submodules or hooks) as a container", BreakReason.SIDE_EFFECT)
+        self._mutated_objs[id(obj)] = obj
+
     # -- mutations ---------------------------------------------------------------------------
     def mark_mutated(self, state: Any, make_effect: Callable[[Any], Out]) -> None:
         """An EXISTING container's first mutation: its final state is replayed by
         `make_effect(tx)` at its place in program order."""
+        self._check_not_internal(getattr(state, "obj", None))
         self.identity_sensitive = True
         if id(state) not in self._mutated_states:
             self._mutated_states.add(id(state))
@@ -165,9 +199,20 @@ class SideEffects:
 
     def store_attr(self, obj: Any, obj_out: Callable[[Any], Out], name: str,
                    value: "VariableTracker | object") -> None:
+        from ferrodyn.variables.base import unsupported
+        d = getattr(obj, "__dict__", None)
+        if self.tracked(d, None) is not None:
+            unsupported(f"attribute {name!r} assigned after the object's __dict__ was used as a "
+                        f"dict (two views of one dict are not modelled)", BreakReason.SIDE_EFFECT)
+        self._written_dicts[id(d)] = d
         self.identity_sensitive = True
         self._attrs[(id(obj), name)] = value
         self._log.append(("attr", obj_out, name, value))
+
+    def is_written_instance_dict(self, d: Any) -> bool:
+        """Whether `d` is the `__dict__` of an object whose attributes this trace assigned (it
+        must not also become a dict tracker: its pending items live in this table)."""
+        return self._written_dicts.get(id(d)) is d
 
     def pending_attr(self, obj: Any, name: str) -> Any:
         """The tracker stored this trace, DELETED, or None (nothing pending)."""

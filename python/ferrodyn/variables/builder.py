@@ -134,11 +134,14 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.LENGTH, len(value))
         return ListVariable(source=source, state=ListState(list(_lazy_items(value, source)),
-                                                           **_existing(tx, source)))
+                                                           **_existing(tx, source, obj=value)))
     if is_namedtuple_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NamedTupleVariable.make(t, _lazy_items(value, source), source=source)
     if t in (dict, collections.OrderedDict):
+        if tx.output.side_effects.is_written_instance_dict(value):
+            unsupported(f"{source.name()}: the __dict__ of an object whose attributes were "
+                        f"assigned in this frame", BreakReason.SIDE_EFFECT)
         keys = tuple(value)
         if not all(is_constant_value(k) for k in keys):
             unsupported(f"dict with non-constant keys at {source.name()}",
@@ -146,7 +149,8 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.DICT_KEYS, keys)
         items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
-        return DictVariable(source=source, state=DictState(items, **_existing(tx, source, cls=t)))
+        return DictVariable(source=source, state=DictState(items, **_existing(tx, source, cls=t,
+                                                                              obj=value)))
     if isinstance(value, torch.nn.Module):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NNModuleVariable(source=source, value=value)

@@ -41,6 +41,7 @@ class DictState:
     cls: type = dict
     side_effects: Any = None   # the table that records mutations of an EXISTING dict
     source: Any = None         # where the entry reaches an EXISTING dict
+    obj: Any = None            # the real object of an EXISTING container
     keys_version: int = 0      # bumped when the key set may change (live iterators check it)
 
     def on_mutate(self, structural: bool = True) -> None:

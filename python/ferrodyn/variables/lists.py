@@ -117,6 +117,7 @@ class ListState:
     mutation_type: MutationType = MutationType.NEW
     side_effects: Any = None   # the table that records mutations of an EXISTING list
     source: Any = None         # where the entry reaches an EXISTING list
+    obj: Any = None            # the real object of an EXISTING container
     version: int = 0           # bumped by every mutation (live iterators check it)
 
     def on_mutate(self) -> None:

@@ -186,6 +186,9 @@ class UserObjectVariable(ObjectLike):
         if pending is not None:
             return pending
         d = getattr(self.value, "__dict__", None)
+        as_dict = tx.output.side_effects.tracked(d, None) if isinstance(d, dict) else None
+        if as_dict is not None and hasattr(as_dict, "state"):
+            return as_dict.state.items.get(name)  # the __dict__ is a dict tracker: it is the truth
         if isinstance(d, dict) and name in d:
             return _lazy(d[name], _sub(self.source, lambda s: ItemSource(DictOfSource(s), name)))
         return None
