@@ -54,24 +54,32 @@ def uses_generator(x):
     return next(g)
 
 
-def appends_to_input(x, xs):
-    xs.append(x)  # LINE
-    return x
+class Logged:
+    def __setattr__(self, k, v):  # a custom __setattr__ must run: not modelled, refused
+        object.__setattr__(self, k, v)
 
 
-def sets_attr_on_input(x, o):
+class Slotted:
+    __slots__ = ("v",)
+
+
+def sets_attr_with_custom_setattr(x, o):
     o.v = 2  # LINE
     return x
 
 
-def stores_global(x):
-    global G
-    G = 1  # LINE
+def sets_slot_on_input(x, o):
+    o.v = 2  # LINE
     return x
 
 
-def mutates_input_dict(x, d):
-    d["k"] = x  # LINE
+def assigns_parameter_to_module(x, m):
+    m.child = m  # LINE (a Module registers itself in _modules: not modelled)
+    return x
+
+
+def extends_input_set(x, s):
+    s.update((1, 2))  # LINE
     return x
 
 
@@ -111,10 +119,13 @@ CASES = [
     (raises, (torch.randn(3),), BreakReason.EXCEPTION, raises),
     (try_except, (torch.randn(3),), BreakReason.EXCEPTION, try_except),
     (uses_generator, (torch.randn(3),), BreakReason.GENERATOR, uses_generator),
-    (appends_to_input, (torch.randn(3), []), BreakReason.SIDE_EFFECT, appends_to_input),
-    (sets_attr_on_input, (torch.randn(3), Obj()), BreakReason.SIDE_EFFECT, sets_attr_on_input),
-    (stores_global, (torch.randn(3),), BreakReason.SIDE_EFFECT, stores_global),
-    (mutates_input_dict, (torch.randn(3), {}), BreakReason.SIDE_EFFECT, mutates_input_dict),
+    (sets_attr_with_custom_setattr, (torch.randn(3), Logged()), BreakReason.SIDE_EFFECT,
+     sets_attr_with_custom_setattr),
+    (sets_slot_on_input, (torch.randn(3), Slotted()), BreakReason.SIDE_EFFECT,
+     sets_slot_on_input),
+    (assigns_parameter_to_module, (torch.randn(3), torch.nn.Linear(1, 1)),
+     BreakReason.SIDE_EFFECT, assigns_parameter_to_module),
+    (extends_input_set, (torch.randn(3), {3}), BreakReason.SIDE_EFFECT, extends_input_set),
     (outer_calls_inner, (torch.randn(3),), BreakReason.DATA_DEPENDENT, inner),
     (nonzero, (torch.randn(3),), BreakReason.DATA_DEPENDENT, nonzero),
     (set_of_tensors, (torch.randn(3),), BreakReason.UNSUPPORTED_TYPE, set_of_tensors),

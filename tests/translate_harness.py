@@ -15,8 +15,8 @@ from ferrodyn.guard_spec import GuardKind
 from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSource,
                              GlobalSource, ItemSource, LenSource, LocalSource, TypeSource)
 from ferrodyn.symbolic import trace_frame
-from ferrodyn.trace_result import (OutCall, OutConst, OutDict, OutGraph, OutList, OutSource,
-                                   OutTuple)
+from ferrodyn.trace_result import (OutCall, OutConst, OutDict, OutGraph, OutList, OutShared,
+                                   OutSource, OutTuple)
 
 
 def frame_slots(fn, args, kwargs) -> tuple:
@@ -66,7 +66,13 @@ def load(source, fn, slots) -> Any:
 
 
 def rebuild(out, graph_outs, fn, slots) -> Any:
+    shared: dict = {}
+
     def r(o):
+        if isinstance(o, OutShared):  # one object per key per call
+            if o.key not in shared:
+                shared[o.key] = r(o.value)
+            return shared[o.key]
         if isinstance(o, OutGraph):
             return graph_outs[o.index]
         if isinstance(o, OutConst):

@@ -249,6 +249,18 @@ class GuardBuilder:
     def global_state(self) -> None:
         """Torch's global state as it is now: grad mode, default dtype, deterministic
         algorithms, autocast (enabled and dtype, per device type)."""
+    def aliasing(
+        self,
+        nodes: Sequence[GuardNode],
+        groups: Sequence[int],
+        storages: Sequence[tuple[int, int] | None],
+    ) -> None:
+        """One leaf over several nodes: values with equal `groups` entries are the same object
+        and values with different entries are not; for tensors (`storages[i]` not None: a
+        storage group and the traced storage offset), equal storage groups share one storage
+        (at the traced offsets where the group has several members) and different ones do
+        not. Storage identity is read directly where verified, else through
+        `untyped_storage()`. Explained as "L['a'] and L['b'] are now the same object"."""
     def build(self) -> GuardTree:
         """Finish; the builder cannot be used afterwards."""
 
@@ -281,6 +293,9 @@ class GuardTree:
 # ---------------------------------------------------------------------------------------------
 # Tensor metadata (rust/tensor)
 # ---------------------------------------------------------------------------------------------
+
+def _aliasing_fast_path() -> bool:
+    """Whether the aliasing leaf reads tensor storage identity directly (verified offsets)."""
 
 def tensor_fast_path() -> bool:
     """Whether direct metadata reads passed verification at import (else guards use the

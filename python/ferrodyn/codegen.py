@@ -23,10 +23,12 @@ from ferrodyn.source import CodegenEnv, Source
 from ferrodyn.trace_result import (
     Out,
     OutCall,
+    OutCell,
     OutConst,
     OutDict,
     OutGraph,
     OutList,
+    OutShared,
     OutSource,
     OutTuple,
     TraceResult,
@@ -60,6 +62,7 @@ class _Emitter:
     def __init__(self, env: CodegenEnv, bindings: dict[str, Any]):
         self.env = env
         self.bindings = bindings
+        self.shared: set[int] = set()  # OutShared keys already bound (textual order = run order)
 
     def bind(self, value: Any) -> str:
         name = f"{_P}k{len(self.bindings)}"
@@ -97,6 +100,14 @@ def _call(e: _Emitter, o: OutCall) -> str:
     return f"{e.bind(o.cls)}({', '.join(parts)})"
 
 
+def _shared(e: _Emitter, o: OutShared) -> str:
+    name = f"{_P}s{o.key}"
+    if o.key in e.shared:
+        return name
+    e.shared.add(o.key)
+    return f"({name} := {e.expr(o.value)})"
+
+
 _RENDER: dict[type, Callable[[_Emitter, Any], str]] = {
     OutGraph: lambda e, o: f"{_OUT}[{o.index}]",
     OutConst: _const,
@@ -105,6 +116,8 @@ _RENDER: dict[type, Callable[[_Emitter, Any], str]] = {
     OutList: lambda e, o: f"[{e.items(o.items)}]",
     OutDict: _dict,
     OutCall: _call,
+    OutShared: _shared,
+    OutCell: lambda e, o: e.env.cell_names[o.index],
 }
 
 
@@ -147,6 +160,7 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
             body.append(f"finally: {_SEF}({_PRIOR})")
         else:
             body.append(f"{_OUT} = {_GRAPH}({args})")
+    body.extend(emit.expr(effect) for effect in result.side_effects)  # in order, for effect
     body.append(f"return {emit.expr(result.output)}")
     src = f"def {_ENTRY}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
 

@@ -37,7 +37,7 @@ from ferrodyn.guard_spec import GuardKind, GuardSpec
 from ferrodyn.guards import GuardCompileError, compile_guards
 from ferrodyn.logs import eager_log, graph_log, guards_log, recompiles_log
 from ferrodyn.source import LocalSource
-from ferrodyn.trace_result import Out, OutCall, OutDict, OutGraph, OutList, OutTuple, TraceResult
+from ferrodyn.trace_result import Out, OutCall, OutDict, OutGraph, OutList, OutShared, OutTuple, TraceResult
 
 _NO_TRACE_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coroutine, async gen
 
@@ -249,6 +249,8 @@ def _uses_graph(out: Out) -> bool:
         return any(_uses_graph(v) for v in out.values)
     if isinstance(out, OutCall):
         return any(_uses_graph(a) for a in out.args)
+    if isinstance(out, OutShared):
+        return _uses_graph(out.value)
     return False
 
 
@@ -347,7 +349,8 @@ class FrameCallback:
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph
         graph_fn, fence = None, True
-        if _uses_graph(result.output):
+        if _uses_graph(result.output) or result.graph_has_effects or \
+                any(_uses_graph(o) for o in result.side_effects):
             if graph_ops(gm):
                 graph_fn = self.call_backend(gm, result.example_inputs)
             else:

@@ -26,6 +26,8 @@ class GuardKind(enum.Enum):
     DICT_KEYS = "dict_keys"       # payload: tuple of keys, in order
     TENSOR_MATCH = "tensor_match" # payload: the example tensor; options: dynamic_dims
     GLOBAL_STATE = "global_state" # source: None, payload: None
+    ALIASING = "aliasing"         # source: None, payload: (sources, identity groups,
+                                  #   storage groups: (group, offset) per tensor, None otherwise)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class GuardSpec:
              dynamic_dims: tuple[int, ...] = ()) -> "GuardSpec":
         if kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH):
             key = id(payload)
-        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS):
+        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.ALIASING):
             key = (type(payload), payload)
         else:
             key = None

@@ -97,6 +97,10 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
         if spec.kind is GuardKind.GLOBAL_STATE:
             builder.global_state()
             continue
+        if spec.kind is GuardKind.ALIASING:
+            sources, groups, storages = spec.payload
+            builder.aliasing([node_of(s) for s in sources], list(groups), list(storages))
+            continue
         leaf = _LEAVES.get(spec.kind)
         if leaf is None:
             raise GuardCompileError(f"no guard leaf for kind {spec.kind!r}")

@@ -3,7 +3,8 @@
 Owns: the `torch.fx.Graph` under construction, its placeholders (one per input Source, lifted
 parameters and buffers included, so cached graphs do not pin modules), example values through a
 `FakeTensorMode` made from the real inputs, the guards installed while tracing (deduplicated, in
-order), the per-Source tracker cache, real global state entered while tracing (grad mode,
+order), the per-Source tracker cache, the SideEffects table (side_effects.py: identity of
+mutable objects, mutations to replay; its aliasing guard is installed here), real global state entered while tracing (grad mode,
 autocast) and its restoration, and turning the frame's return tracker into a `TraceResult`.
 Does not own: how trackers are built (variables/builder.py), which guards a value needs
 (builder.py decides on use), compiling the graph or the guards (frontend).
@@ -20,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind, GuardSpec
+from ferrodyn.side_effects import SideEffects, unshare
 from ferrodyn.source import Source
 from ferrodyn.trace_result import OutGraph, OutSource, TraceResult
 from ferrodyn.variables.base import VariableTracker, unsupported
@@ -39,6 +41,7 @@ class OutputGraph:
         self._input_by_id: dict[int, VariableTracker] = {}
         self.guards: dict[GuardSpec, GuardSpec] = {}
         self.source_cache: dict[Source, VariableTracker] = {}
+        self.side_effects = SideEffects()
         self.notes: list[str] = []
         self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
@@ -116,9 +119,41 @@ class OutputGraph:
 
         tx.graph_output = graph_output
         out = value.reconstruct(tx)
+        (out,), effects = self.side_effects.replay(tx, (out,))
+        out, *effects = unshare((out, *effects))
         self.graph.output(tuple(outputs))
         self.graph.lint()
+        mutates = self._mutates_inputs()
+        if mutates:
+            self.side_effects.tensor_sensitive = True
+        self._install_aliasing_guard()
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
         return TraceResult(graph=gm, graph_inputs=list(self.graph_inputs),
                            example_inputs=list(self.example_inputs), output=out,
-                           guards=list(self.guards.values()), notes=list(self.notes))
+                           guards=list(self.guards.values()), notes=list(self.notes),
+                           side_effects=tuple(effects), graph_has_effects=mutates)
+
+    def _mutates_inputs(self) -> bool:
+        """Whether an in-place op of the graph writes to the storage of a graph input."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from ferrodyn.variables.tensor import _is_inplace
+        if self.mutation_epoch == 0:
+            return False
+        inputs = {StorageWeakRef(n.meta["example_value"].untyped_storage())
+                  for n in self._placeholders}
+        for node in self.graph.nodes:
+            if node.op not in ("call_function", "call_method") or not node.args:
+                continue
+            if not (_is_inplace(node.op, node.target) or "out" in node.kwargs
+                    or node.kwargs.get("inplace") is True):
+                continue
+            for arg in (*node.args, *node.kwargs.values()):
+                ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
+                if isinstance(ex, torch.Tensor) and StorageWeakRef(ex.untyped_storage()) in inputs:
+                    return True
+        return False
+
+    def _install_aliasing_guard(self) -> None:
+        payload = self.side_effects.aliasing_guard_payload()
+        if payload is not None:
+            self.install_guard(None, GuardKind.ALIASING, payload)

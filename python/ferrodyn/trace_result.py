@@ -66,6 +66,20 @@ class OutCall(Out):
     kwnames: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class OutShared(Out):
+    """`value`, evaluated once per entry call: every later occurrence of the same `key` is the
+    same object (new mutable objects reached twice; values read before side effects run)."""
+    key: int
+    value: Out
+
+
+@dataclass(frozen=True)
+class OutCell(Out):
+    """The closure cell `index` (co_freevars order) of the frame itself (not its contents)."""
+    index: int
+
+
 @dataclass
 class TraceResult:
     """One whole-frame capture.
@@ -75,6 +89,8 @@ class TraceResult:
     example_inputs: the real values of the graph inputs on this call (for the backend).
     output: how to rebuild the frame's return value.
     guards: everything the trace depended on.
+    side_effects: Out nodes the entry evaluates in order, for their effect only, after the
+        graph call and before building `output` (side_effects.SideEffects.replay).
     """
 
     graph: torch.fx.GraphModule
@@ -83,3 +99,5 @@ class TraceResult:
     output: Out
     guards: list[GuardSpec] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # for explain(): ops, decisions
+    side_effects: tuple[Out, ...] = ()
+    graph_has_effects: bool = False  # the graph mutates an input in place: always call it

@@ -18,6 +18,7 @@ pub mod frame312;
 pub mod frame313;
 pub mod object;
 pub mod slots;
+pub mod storage;
 pub mod tensor;
 pub mod torch_state;
 pub mod weakref;

@@ -317,6 +317,24 @@ impl GuardBuilder {
         self.leaf(None, LeafKind::GlobalState(Box::new(snap)), expr)
     }
 
+    /// One leaf over `nodes`: identity groups `groups` (equal: same object) and, for tensors,
+    /// `storages` entries `(group, storage_offset)` (equal group: same storage), as traced.
+    fn aliasing(
+        &mut self,
+        nodes: Vec<PyRef<'_, GuardNode>>,
+        groups: Vec<u32>,
+        storages: Vec<Option<(u32, i64)>>,
+    ) -> Result<()> {
+        if nodes.len() != groups.len() || nodes.len() != storages.len() {
+            return Err(Error::Value("aliasing: nodes, groups and storages differ in length".into()));
+        }
+        let idx = nodes.iter().map(|n| self.own(n)).collect::<Result<Vec<_>>>()?;
+        let sources = nodes.iter().map(|n| n.source.clone()).collect();
+        let spec = super::aliasing::AliasSpec { nodes: idx, sources, groups, storages };
+        let expr = spec.describe();
+        self.leaf(None, LeafKind::Aliasing(Box::new(spec)), expr)
+    }
+
     fn build(&mut self) -> Result<GuardTree> {
         self.live()?;
         self.built = true;

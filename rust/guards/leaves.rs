@@ -64,6 +64,8 @@ pub(crate) enum LeafKind {
     DictKeys(Vec<Py<PyAny>>),
     Tensor(TensorSpec),
     GlobalState(Box<Snapshot>),
+    /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
+    Aliasing(Box<super::aliasing::AliasSpec>),
 }
 
 impl LeafKind {
@@ -74,6 +76,7 @@ impl LeafKind {
             LeafKind::Equals(_) | LeafKind::LengthIs(_) | LeafKind::DictKeys(_) => 1,
             LeafKind::GlobalState(_) => 2,
             LeafKind::Tensor(_) => 3,
+            LeafKind::Aliasing(_) => 4,
         }
     }
 }
@@ -149,6 +152,7 @@ impl Leaf {
             },
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
+            LeafKind::Aliasing(_) => self.expr.clone(), // explained by the tree (several values)
         }
     }
 }
@@ -179,6 +183,7 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         },
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
+        LeafKind::Aliasing(_) => false, // checked by the tree over its several values
     }
 }
 

@@ -4,7 +4,8 @@
 //! Files: `access` (how a node's value is read from its parent), `consts` (the constants of
 //! `equals`), `leaves` (the checks and their explanations), `tree` (the immutable tree and its
 //! evaluation), `builder` (the Python-facing builder and node handles), `global_state` (torch's
-//! grad mode / default dtype / determinism / autocast snapshot). Tensor metadata reads live in
+//! grad mode / default dtype / determinism / autocast snapshot), `aliasing` (identity and
+//! storage relations between several values). Tensor metadata reads live in
 //! `crate::tensor`. No leaf ever calls back into user Python code on purpose; errors raised by
 //! user code during accessors (a property raising) count as guard failure.
 use pyo3::prelude::*;
@@ -13,6 +14,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::ffi::slots::Slots;
 
 mod access;
+mod aliasing;
 mod builder;
 mod consts;
 pub mod global_state;
@@ -47,6 +49,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GuardBuilder>()?;
     m.add_class::<GuardNode>()?;
     m.add_function(wrap_pyfunction!(_global_state_fast_path, m)?)?;
+    m.add_function(wrap_pyfunction!(aliasing::_aliasing_fast_path, m)?)?;
     Ok(())
 }
 

@@ -155,9 +155,13 @@ impl GuardTree {
             builtins: self.builtins.as_ref().map(|b| b.bind(py)),
         };
         for (i, leaf) in self.leaves.iter().enumerate() {
-            let ok = match leaf.node {
-                None => leaf.check(py, None),
-                Some(n) => {
+            let ok = match (leaf.node, &leaf.kind) {
+                (None, LeafKind::Aliasing(a)) => {
+                    let vals = self.values_of(py, input, &defaults, memo, &a.nodes);
+                    a.check(py, &vals)
+                }
+                (None, _) => leaf.check(py, None),
+                (Some(n), _) => {
                     if memo[n].is_none() {
                         self.ensure(py, input, &defaults, memo, n);
                     }
@@ -199,13 +203,35 @@ impl GuardTree {
         memo[n] = Some(v);
     }
 
+    /// The values of several nodes (a multi-accessor leaf), None where one could not be read.
+    fn values_of<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        defaults: &Defaults<'_, 'py>,
+        memo: &mut [Val<'py>],
+        nodes: &[usize],
+    ) -> Vec<Option<Bound<'py, PyAny>>> {
+        nodes
+            .iter()
+            .map(|&n| {
+                self.ensure(py, input, defaults, memo, n);
+                memo[n].clone().flatten()
+            })
+            .collect()
+    }
+
     /// The explanation of the first failing leaf, or None if every leaf passes.
     pub fn explain_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> Option<String> {
         let (i, memo) = self.first_failure(py, input)?;
         let leaf = &self.leaves[i];
-        let msg = match leaf.node {
-            None => leaf.explain(py, &py.None().into_bound(py)),
-            Some(n) => match memo[n].clone().flatten() {
+        let msg = match (leaf.node, &leaf.kind) {
+            (None, LeafKind::Aliasing(a)) => {
+                let vals: Vec<_> = a.nodes.iter().map(|&n| memo[n].clone().flatten()).collect();
+                a.explain(py, &vals)
+            }
+            (None, _) => leaf.explain(py, &py.None().into_bound(py)),
+            (Some(n), _) => match memo[n].clone().flatten() {
                 Some(v) => leaf.explain(py, &v),
                 None => {
                     // Find the first node on the path that could not be read.

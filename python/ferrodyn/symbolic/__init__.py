@@ -44,7 +44,8 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
     from ferrodyn.output_graph import OutputGraph
     from ferrodyn.symbolic.translator import InstructionTranslator
     from ferrodyn.variables.base import LazyVariable
-    from ferrodyn.variables.functions import CellState, CellVariable
+    from ferrodyn.trace_result import OutCell
+    from ferrodyn.variables.functions import existing_cell
 
     if code.co_flags & _GEN_FLAGS:
         raise Unsupported(f"generator/coroutine frame {code.co_name}", BreakReason.GENERATOR,
@@ -55,19 +56,13 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
     names = code.co_varnames
     local_vars = {names[i]: LazyVariable(source=LocalSource(i, names[i]), value=v)
                   for i, v in enumerate(args)}
-    cells = {}
-    for i, name in enumerate(code.co_freevars):
-        cell = closure[i]
-        try:
-            content = LazyVariable(source=ClosureSource(i, name), value=cell.cell_contents)
-        except ValueError:
-            content = None
-        cells[name] = CellVariable(state=CellState(content, existing=True))
-
     output = OutputGraph(f_globals, f_builtins)
     grad = torch.is_grad_enabled()
     try:
-        tx = InstructionTranslator(code, f_globals, output, local_vars, cells, GlobalSource)
+        tx = InstructionTranslator(code, f_globals, output, local_vars, {}, GlobalSource)
+        for i, name in enumerate(code.co_freevars):
+            tx.cells[name] = existing_cell(tx, closure[i], None, ClosureSource(i, name),
+                                           OutCell(i))
         value = tx.run()
         result = output.build_result(tx, value)
     finally:

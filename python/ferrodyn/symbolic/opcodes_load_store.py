@@ -1,7 +1,9 @@
 """Opcode handlers: loads and stores of constants, locals, globals, cells, attributes and
-imports (LOAD_CONST, LOAD_FAST*, STORE_FAST, LOAD_GLOBAL, LOAD_DEREF, LOAD_ATTR, LOAD_METHOD,
-LOAD_SUPER_ATTR, STORE_ATTR, MAKE_CELL, IMPORT_NAME, ...). Stores to globals or to attributes
-of objects from outside the frame are side effects and refused (by the trackers).
+imports (LOAD_CONST, LOAD_FAST*, STORE_FAST, LOAD_GLOBAL, STORE_GLOBAL, DELETE_GLOBAL,
+LOAD_DEREF, STORE_DEREF, LOAD_ATTR, LOAD_METHOD, LOAD_SUPER_ATTR, STORE_ATTR, DELETE_ATTR,
+MAKE_CELL, IMPORT_NAME, ...). Stores to globals, to existing cells and to attributes of objects
+from outside the frame are side effects: recorded in the SideEffects table (side_effects.py)
+and replayed after the graph; the trackers refuse what they cannot model.
 """
 
 from __future__ import annotations
@@ -94,6 +96,21 @@ def LOAD_GLOBAL(tx, inst):
 
 
 @opcode()
+def STORE_GLOBAL(tx, inst):
+    tx.output.side_effects.store_global(tx.f_globals, inst.argval, tx.pop())
+
+
+@opcode()
+def DELETE_GLOBAL(tx, inst):
+    from ferrodyn.side_effects import DELETED
+    table, name = tx.output.side_effects, inst.argval
+    pending = table.pending_global(tx.f_globals, name)
+    if pending is DELETED or (pending is None and name not in tx.f_globals):
+        unsupported(f"NameError: name {name!r} is not defined", BreakReason.EXCEPTION)
+    table.store_global(tx.f_globals, name, DELETED)
+
+
+@opcode()
 def MAKE_CELL(tx, inst):
     name = inst.argval
     content = tx.locals.pop(name, None)
@@ -163,6 +180,15 @@ def STORE_ATTR(tx, inst):
     obj = tx.pop()
     value = tx.pop()
     obj.setattr(tx, inst.argval, value)
+
+
+@opcode()
+def DELETE_ATTR(tx, inst):
+    obj = tx.pop()
+    delattr_ = getattr(obj, "delattr", None)
+    if delattr_ is None:
+        unsupported(f"attribute deletion on {obj.describe()}", BreakReason.SIDE_EFFECT)
+    delattr_(tx, inst.argval)
 
 
 @opcode()

@@ -54,9 +54,6 @@ UNSUPPORTED: dict[str, Refusal] = {
     "BEFORE_ASYNC_WITH": Refusal(_GEN, "async with"),
     "ASYNC_GEN_WRAP": Refusal(_GEN, "async generator", **_V311),
     # stores that escape the frame
-    "STORE_GLOBAL": Refusal(_SIDE, "assignment to a global"),
-    "DELETE_GLOBAL": Refusal(_SIDE, "deletion of a global"),
-    "DELETE_ATTR": Refusal(_SIDE, "attribute deletion"),
     "DELETE_DEREF": Refusal(_SIDE, "deletion of a closure variable"),
     "IMPORT_STAR": Refusal(_SIDE, "from m import *", **_V311),
     # module / class bodies (never a traced function frame)

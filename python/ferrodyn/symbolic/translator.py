@@ -124,8 +124,12 @@ class InstructionTranslator:
 
     # -- names ----------------------------------------------------------------------------
     def load_global(self, name: str) -> VariableTracker:
+        from ferrodyn.side_effects import DELETED
         from ferrodyn.variables.builder import build
-        if name in self.f_globals:
+        pending = self.output.side_effects.pending_global(self.f_globals, name)
+        if pending is not None and pending is not DELETED:
+            return pending  # stored earlier in this trace (STORE_GLOBAL)
+        if pending is None and name in self.f_globals:
             return build(self, self.f_globals[name], self.globals_source(name))
         builtins = self.output.f_builtins
         if name in builtins:

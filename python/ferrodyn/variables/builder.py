@@ -5,7 +5,11 @@ trace uses it (the translator calls `build` lazily, when a value reaches the sta
 is guarded eagerly): TENSOR_MATCH for tensors (which become lifted graph inputs), TYPE_MATCH +
 EQUALS for constants, NONE for None, ID_MATCH for functions/classes/modules, TYPE_MATCH +
 LENGTH for lists and tuples, TYPE_MATCH + DICT_KEYS for dicts, TYPE_MATCH for objects and
-modules. Trackers built from one Source are cached on the output graph. `build_unsourced`
+modules. Trackers built from one Source are cached on the output graph; mutable values (lists,
+dicts, sets, objects, modules, tensors) are also keyed by object identity in the SideEffects
+table, so one object reached through two Sources is one tracker (one state, one graph input;
+the aliasing guard then pins the relation). Containers from the frame are EXISTING
+(side_effects.MutationType): their mutations are recorded and replayed. `build_unsourced`
 wraps values with no Source (torch internals, folded constants): no guards, and tensors are
 refused (they could not be loaded as graph inputs).
 """
@@ -22,6 +26,7 @@ import torch
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind
+from ferrodyn.side_effects import MutationType
 from ferrodyn.source import ItemSource, Source
 from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
 from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
@@ -47,9 +52,35 @@ def build(tx, value: Any, source: Source | None) -> VariableTracker:
     hit = cache.get(source)
     if hit is not None:
         return hit
+    table = tx.output.side_effects
+    identity_keyed = _is_identity_keyed(value)
+    if identity_keyed:
+        hit = table.tracked(value, source)
+        if hit is not None:
+            cache[source] = hit
+            return hit
     var = _build(tx, value, source)
     cache[source] = var
+    if identity_keyed:
+        table.track(value, source, var)
     return var
+
+
+_IDENTITY_KEYED = (list, dict, set, collections.OrderedDict)
+
+
+def _is_identity_keyed(value: Any) -> bool:
+    t = type(value)
+    if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module)):
+        return True
+    return hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" \
+        and not isinstance(value, (type, types.FunctionType, types.ModuleType, types.MethodType))
+
+
+def _existing(tx, source, **kw) -> dict:
+    """State fields of a container reached from the frame."""
+    return dict(mutation_type=MutationType.EXISTING, side_effects=tx.output.side_effects,
+                source=source, **kw)
 
 
 def _guard(tx, source, kind, payload=None):
@@ -77,7 +108,7 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         from ferrodyn.variables.sets import SetState, SetVariable
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, frozenset(value))
-        return SetVariable(source=source, state=SetState(set(value), existing=True))
+        return SetVariable(source=source, state=SetState(set(value), **_existing(tx, source)))
     if t is frozenset and is_constant_value(value):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)
@@ -103,11 +134,14 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.LENGTH, len(value))
         return ListVariable(source=source, state=ListState(list(_lazy_items(value, source)),
-                                                           existing=True))
+                                                           **_existing(tx, source, obj=value)))
     if is_namedtuple_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NamedTupleVariable.make(t, _lazy_items(value, source), source=source)
     if t in (dict, collections.OrderedDict):
+        if tx.output.side_effects.is_written_instance_dict(value):
+            unsupported(f"{source.name()}: the __dict__ of an object whose attributes were "
+                        f"assigned in this frame", BreakReason.SIDE_EFFECT)
         keys = tuple(value)
         if not all(is_constant_value(k) for k in keys):
             unsupported(f"dict with non-constant keys at {source.name()}",
@@ -115,7 +149,8 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.DICT_KEYS, keys)
         items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
-        return DictVariable(source=source, state=DictState(items, existing=True, cls=t))
+        return DictVariable(source=source, state=DictState(items, **_existing(tx, source, cls=t,
+                                                                              obj=value)))
     if isinstance(value, torch.nn.Module):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NNModuleVariable(source=source, value=value)

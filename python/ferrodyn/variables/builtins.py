@@ -81,12 +81,15 @@ def _items(tx, iterable) -> list:
 
 
 def _enumerate(tx, iterable, start=None):
+    from ferrodyn.variables.lists import enumerate_iterator
     first = 0 if start is None else _const_arg(tx, start, "enumerate")
-    return IteratorVariable.over(TupleVariable(items=(_c(i + first), v))
-                                 for i, v in enumerate(_items(tx, iterable)))
+    return enumerate_iterator(tx, iterable, first)
 
 
 def _zip(tx, *iterables, strict=None):
+    from ferrodyn.variables.lists import zip_iterator
+    if strict is None:
+        return zip_iterator(tx, iterables)
     seqs = [_items(tx, it) for it in iterables]
     if strict is not None and _const_arg(tx, strict, "zip") and len({len(s) for s in seqs}) > 1:
         unsupported("zip(strict=True) length mismatch", BreakReason.EXCEPTION)
@@ -94,7 +97,8 @@ def _zip(tx, *iterables, strict=None):
 
 
 def _reversed(tx, seq):
-    return IteratorVariable.over(list(reversed(tx.realize(seq).unpack(tx))))
+    from ferrodyn.variables.lists import reversed_iterator
+    return reversed_iterator(tx, seq)
 
 
 def _minmax(fn):
@@ -235,18 +239,15 @@ def _sorted(tx, iterable, key=None, reverse=None):
 
 
 def _map(tx, fn, *iterables):
-    fn = tx.realize(fn)
-    seqs = [_items(tx, it) for it in iterables]
-    return IteratorVariable.over(fn.call_function(tx, list(t), {}) for t in zip(*seqs))
+    from ferrodyn.variables.lists import map_iterator
+    if not iterables:
+        unsupported("map() must have at least two arguments", BreakReason.EXCEPTION)
+    return map_iterator(tx, tx.realize(fn), iterables)
 
 
 def _filter(tx, fn, iterable):
-    fn = tx.realize(fn)
-    items = _items(tx, iterable)
-    if fn.is_python_constant() and fn.as_python_constant() is None:
-        return IteratorVariable.over(i for i in items if tx.realize(i).truth(tx))
-    return IteratorVariable.over(
-        i for i in items if tx.realize(fn.call_function(tx, [i], {})).truth(tx))
+    from ferrodyn.variables.lists import filter_iterator
+    return filter_iterator(tx, tx.realize(fn), iterable)
 
 
 def _super(tx, *args):

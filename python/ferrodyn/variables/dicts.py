@@ -1,7 +1,11 @@
 """Dict trackers (dict, OrderedDict, defaultdict-free) with constant keys, methods by table.
 
-Owns `DictVariable` (items in a shared `DictState` so aliases see mutations; `existing` dicts
-from the frame are read-only) and the dict method table. Keys must be Python constants.
+Owns `DictVariable` (items in a shared `DictState`, one per dict object, so aliases see
+mutations; dicts from the frame are EXISTING: mutations are recorded in the SideEffects table
+and replayed as `clear(); update(new)`), `DictViewVariable` (`keys()`, `values()`, `items()`:
+live views over the same state, as CPython's are), dict iterators (live; a key-set change
+during iteration is refused, as CPython raises), and the dict method table. Keys must be
+Python constants.
 Does not own `**kwargs` binding (functions.py) or module `_modules` dicts' guards (builder.py).
 """
 
@@ -11,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
-from ferrodyn.trace_result import OutDict
+from ferrodyn.side_effects import MutationType, replace_dict
+from ferrodyn.trace_result import OutCall, OutConst, OutDict, OutTuple
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
@@ -28,11 +33,28 @@ def dict_key(tx, key: VariableTracker) -> Any:
     return value
 
 
-@dataclass
+@dataclass(eq=False)
 class DictState:
+    """The contents of one dict object (one per object: see SideEffects' identity table)."""
     items: dict
-    existing: bool = False
+    mutation_type: MutationType = MutationType.NEW
     cls: type = dict
+    side_effects: Any = None   # the table that records mutations of an EXISTING dict
+    source: Any = None         # where the entry reaches an EXISTING dict
+    obj: Any = None            # the real object of an EXISTING container
+    keys_version: int = 0      # bumped when the key set may change (live iterators check it)
+
+    def on_mutate(self, structural: bool = True) -> None:
+        if structural:
+            self.keys_version += 1
+        if self.mutation_type is MutationType.EXISTING:
+            self.side_effects.mark_mutated(self, self._replay)
+
+    def _replay(self, tx):
+        from ferrodyn.trace_result import OutSource
+        from ferrodyn.side_effects import value_out
+        return replace_dict, (OutSource(self.source), OutConst(tuple(self.items)),
+                              OutTuple(tuple(value_out(tx, v) for v in self.items.values())))
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,10 +74,12 @@ class DictVariable(VariableTracker):
     def describe(self):
         return f"dict of {len(self.state.items)}"
 
-    def mutable(self) -> dict:
-        if self.state.existing:
-            unsupported("mutation of a dict from outside the frame", BreakReason.SIDE_EFFECT)
+    def mutable(self, structural: bool = True) -> dict:
+        self.state.on_mutate(structural)
         return self.state.items
+
+    def iterator(self, tx, reverse: bool = False):
+        return dict_iterator(self, "keys", reverse)
 
     def unpack(self, tx):
         return [ConstantVariable(value=k) for k in self.state.items]
@@ -76,7 +100,8 @@ class DictVariable(VariableTracker):
         return self.state.items[key]
 
     def setitem(self, tx, index, value):
-        self.mutable()[dict_key(tx, index)] = value
+        key = dict_key(tx, index)
+        self.mutable(structural=key not in self.state.items)[key] = value
 
     def delitem(self, tx, index):
         key = dict_key(tx, index)
@@ -116,11 +141,114 @@ class DictVariable(VariableTracker):
         return handler(tx, self, *args, **kwargs)
 
     def reconstruct(self, tx):
-        if self.state.existing and self.source is not None:
-            return super().reconstruct(tx)
-        items = self.state.items
-        return OutDict(tuple(items), tuple(tx.realize(v).reconstruct(tx) for v in items.values()),
-                       self.state.cls)
+        st = self.state
+        if st.mutation_type is MutationType.EXISTING:
+            from ferrodyn.trace_result import OutSource
+            return OutSource(st.source)
+        return tx.output.side_effects.shared(st, lambda: OutDict(
+            tuple(st.items), tuple(tx.realize(v).reconstruct(tx) for v in st.items.values()),
+            st.cls))
+
+
+def dict_iterator(d: DictVariable, kind: str, reverse: bool = False):
+    """A live iterator over `d`'s keys, values or items. CPython raises RuntimeError when the
+    key set changes during iteration: refused here (the frame runs eagerly and raises)."""
+    from ferrodyn.variables.lists import IterState, IteratorVariable, TupleVariable
+    st = d.state
+    version, pos = st.keys_version, [0]
+
+    def step(tx):
+        if st.keys_version != version:
+            unsupported("dictionary changed size during iteration", BreakReason.EXCEPTION)
+        keys = list(st.items)
+        if reverse:
+            keys.reverse()
+        if pos[0] >= len(keys):
+            return None
+        k = keys[pos[0]]
+        pos[0] += 1
+        if kind == "keys":
+            return ConstantVariable(value=k)
+        if kind == "values":
+            return st.items[k]
+        return TupleVariable(items=(ConstantVariable(value=k), st.items[k]))
+    return IteratorVariable(state=IterState([], step=step))
+
+
+_VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+
+@dataclass(frozen=True, eq=False)
+class DictViewVariable(VariableTracker):
+    """`d.keys()`, `d.values()`, `d.items()`: a live view of the dict's state."""
+
+    dict_var: DictVariable = None  # type: ignore[assignment]
+    kind: str = "keys"
+
+    def python_type(self):
+        if self.dict_var.state.cls is not dict:
+            unsupported(f"{self.kind}() view of a {self.dict_var.state.cls.__name__}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        return _VIEW_TYPES[self.kind]
+
+    def identity(self):
+        return self
+
+    def describe(self):
+        return f"dict_{self.kind}"
+
+    def iterator(self, tx, reverse: bool = False):
+        return dict_iterator(self.dict_var, self.kind, reverse)
+
+    def unpack(self, tx):
+        return self.iterator(tx).unpack(tx)
+
+    def length(self, tx):
+        return len(self.dict_var.state.items)
+
+    def truth(self, tx):
+        return bool(self.dict_var.state.items)
+
+    def contains(self, tx, item):
+        from ferrodyn.variables.operators import values_equal
+        items = self.dict_var.state.items
+        if self.kind == "keys":
+            return dict_key(tx, item) in items
+        if self.kind == "items":
+            pair = tx.realize(item)
+            parts = pair.unpack(tx) if pair.python_type() is tuple else None
+            if parts is None or len(parts) != 2:
+                return False
+            k = dict_key(tx, parts[0])
+            return k in items and values_equal(tx, tx.realize(items[k]), tx.realize(parts[1]))
+        return any(values_equal(tx, tx.realize(v), tx.realize(item)) for v in items.values())
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__contains__" and len(args) == 1 and not kwargs:
+            return ConstantVariable(value=self.contains(tx, args[0]))
+        if name == "__len__" and not args and not kwargs:
+            return ConstantVariable(value=self.length(tx))
+        unsupported(f"dict_{self.kind}.{name}", BreakReason.UNSUPPORTED_CALL)
+
+    def has_attr(self, tx, name):
+        return hasattr(_VIEW_TYPES[self.kind], name)
+
+    def reconstruct(self, tx):
+        import operator
+        return OutCall(operator.methodcaller(self.kind), (self.dict_var.reconstruct(tx),))
+
+
+def dict_view_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
+    """`==` with a dict view on either side: keys views compare as sets of keys; items and
+    values views are refused where CPython's answer is not certain (values views compare by
+    identity)."""
+    a, b = tx.realize(a), tx.realize(b)
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, DictViewVariable) and x.kind == "values":
+            return x is y  # dict_values has no __eq__: identity
+    if all(isinstance(v, DictViewVariable) and v.kind == "keys" for v in (a, b)):
+        return set(a.dict_var.state.items) == set(b.dict_var.state.items)
+    unsupported(f"== between {a.describe()} and {b.describe()}", BreakReason.UNSUPPORTED_TYPE)
 
 
 def _list(items):
@@ -128,18 +256,11 @@ def _list(items):
     return ListVariable.new(items)
 
 
-def _keys(tx, d):
-    return _list(ConstantVariable(value=k) for k in d.state.items)
+def _view(kind):
+    return lambda tx, d: DictViewVariable(dict_var=d, kind=kind)
 
 
-def _values(tx, d):
-    return _list(d.state.items.values())
-
-
-def _items(tx, d):
-    from ferrodyn.variables.lists import TupleVariable
-    return _list(TupleVariable(items=(ConstantVariable(value=k), v))
-                 for k, v in d.state.items.items())
+_keys, _values, _items = _view("keys"), _view("values"), _view("items")
 
 
 def _get(tx, d, key, default=None):
@@ -165,7 +286,7 @@ def _pop(tx, d, key, default=_MISSING):
 def _setdefault(tx, d, key, default=None):
     k = dict_key(tx, key)
     if k not in d.state.items:
-        d.mutable()[k] = default if default is not None else ConstantVariable(value=None)
+        d.mutable(structural=True)[k] = default if default is not None else ConstantVariable(value=None)
     return d.state.items[k]
 
 

@@ -23,10 +23,15 @@ from ferrodyn.variables.constant import ConstantVariable
 
 # ---- cells ---------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(eq=False)
 class CellState:
+    """The contents of one cell object. EXISTING cells (the frame's closure, closures of
+    functions from outside the frame; one state per cell object, keyed in the SideEffects
+    table) record stores there, replayed as `cell.cell_contents = value` through `cell_out`."""
     content: VariableTracker | None = None
-    existing: bool = False  # a cell of a function from outside the frame: read-only
+    mutation_type: Any = None            # side_effects.MutationType; None means NEW
+    side_effects: Any = None
+    cell_out: Any = None                 # Out reaching the cell object in the entry (or None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,10 +51,35 @@ class CellVariable(VariableTracker):
         return self.state.content
 
     def store(self, tx, name: str, value: VariableTracker) -> None:
-        if self.state.existing:
-            unsupported(f"assignment to nonlocal {name!r} of a function from outside the frame",
-                        BreakReason.SIDE_EFFECT)
-        self.state.content = value
+        st = self.state
+        if st.mutation_type is not None:
+            if st.cell_out is None:
+                unsupported(f"assignment to nonlocal {name!r} of a function that cannot be "
+                            f"reached from the frame", BreakReason.SIDE_EFFECT)
+            st.side_effects.store_cell(st.cell_out, value)
+        st.content = value
+
+
+def existing_cell(tx, cell: types.CellType, cell_source: Source | None,
+                  content_source: Source | None = None, cell_out: Any = None) -> "CellVariable":
+    """The one tracker of a cell object from outside the frame (keyed by identity, so every
+    function closing over it sees stores made through any of them)."""
+    from ferrodyn.side_effects import MutationType
+    from ferrodyn.trace_result import OutSource
+    table = tx.output.side_effects
+    hit = table.tracked(cell, None)
+    if hit is not None:
+        return hit
+    if content_source is None and cell_source is not None:
+        content_source = AttrSource(cell_source, "cell_contents")
+    try:
+        content = _lazy(cell.cell_contents, content_source)
+    except ValueError:
+        content = None
+    if cell_out is None and cell_source is not None:
+        cell_out = OutSource(cell_source)
+    var = CellVariable(state=CellState(content, MutationType.EXISTING, table, cell_out))
+    return table.track(cell, None, var)
 
 
 # ---- binding -------------------------------------------------------------------------------
@@ -196,13 +226,7 @@ class UserFunctionVariable(InlinableFunction):
         base = self._sub("__closure__")
         out = []
         for i, cell in enumerate(cells):
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                out.append(CellVariable(state=CellState(None, existing=True)))
-                continue
-            src = AttrSource(ItemSource(base, i), "cell_contents") if base else None
-            out.append(CellVariable(state=CellState(_lazy(value, src), existing=True)))
+            out.append(existing_cell(tx, cell, ItemSource(base, i) if base else None))
         return tuple(out)
 
     def var_getattr(self, tx, name):

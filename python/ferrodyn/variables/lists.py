@@ -2,8 +2,10 @@
 
 Owns `TupleVariable` (immutable items), `ListVariable` (items in a shared `ListState`, so
 aliases of one list see each other's mutations), `IteratorVariable` (position in a shared
-`IterState`), and the list/tuple method tables. A list that came from the frame (`existing`)
-may be read but not mutated: that would be a side effect the capture cannot replay.
+`IterState`; list iterators, `reversed`, `enumerate` and `zip` are lazy over live state, as
+CPython's are), and the list/tuple method tables. A list from the frame is EXISTING
+(side_effects.MutationType): its mutations are recorded in the SideEffects table and replayed
+as `old[:] = new` after the graph call.
 Does not own dicts (dicts.py) or namedtuples (user_objects.py).
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
+from ferrodyn.side_effects import MutationType, replace_list
 from ferrodyn.trace_result import OutList, OutTuple
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
@@ -107,10 +110,26 @@ class TupleVariable(_SequenceBase):
         return OutTuple(tuple(tx.realize(i).reconstruct(tx) for i in self.items))
 
 
-@dataclass
+@dataclass(eq=False)
 class ListState:
+    """The contents of one list object (one per object: see SideEffects' identity table)."""
     items: list
-    existing: bool = False
+    mutation_type: MutationType = MutationType.NEW
+    side_effects: Any = None   # the table that records mutations of an EXISTING list
+    source: Any = None         # where the entry reaches an EXISTING list
+    obj: Any = None            # the real object of an EXISTING container
+    version: int = 0           # bumped by every mutation (live iterators check it)
+
+    def on_mutate(self) -> None:
+        self.version += 1
+        if self.mutation_type is MutationType.EXISTING:
+            self.side_effects.mark_mutated(self, self._replay)
+
+    def _replay(self, tx):
+        from ferrodyn.trace_result import OutSource
+        from ferrodyn.side_effects import value_out
+        return replace_list, (OutSource(self.source),
+                              OutList(tuple(value_out(tx, i) for i in self.items)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,8 +153,7 @@ class ListVariable(_SequenceBase):
         return f"list of {len(self.state.items)}"
 
     def mutable(self) -> list:
-        if self.state.existing:
-            unsupported("mutation of a list from outside the frame", BreakReason.SIDE_EFFECT)
+        self.state.on_mutate()
         return self.state.items
 
     def getitem(self, tx, index):
@@ -164,15 +182,23 @@ class ListVariable(_SequenceBase):
         return IteratorVariable(state=IterState(self.state.items))
 
     def reconstruct(self, tx):
-        if self.state.existing and self.source is not None:
-            return super().reconstruct(tx)
-        return OutList(tuple(tx.realize(i).reconstruct(tx) for i in self.state.items))
+        st = self.state
+        if st.mutation_type is MutationType.EXISTING:
+            from ferrodyn.trace_result import OutSource
+            return OutSource(st.source)
+        return tx.output.side_effects.shared(
+            st, lambda: OutList(tuple(tx.realize(i).reconstruct(tx) for i in st.items)))
 
 
-@dataclass
+@dataclass(eq=False)
 class IterState:
-    items: list  # live list for list iterators
+    """Position of one iterator. Plain: `items` (the live list for list iterators) at `index`;
+    lazy ones (reversed, enumerate, zip, dict iterators) produce items with `step(tx)`.
+    Once exhausted an iterator stays exhausted, even if its list grows (as in CPython)."""
+    items: list
     index: int = 0
+    exhausted: bool = False
+    step: Callable | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,11 +217,18 @@ class IteratorVariable(VariableTracker):
 
     def next(self, tx) -> VariableTracker | None:
         st = self.state
-        if st.index >= len(st.items):
-            st.index = len(st.items) + 1  # stays exhausted even if the list grows
+        if st.exhausted:
             return None
-        st.index += 1
-        return st.items[st.index - 1]
+        if st.step is not None:
+            item = st.step(tx)
+        elif st.index < len(st.items):
+            item = st.items[st.index]
+            st.index += 1
+        else:
+            item = None
+        if item is None:
+            st.exhausted = True
+        return item
 
     def iterator(self, tx):
         return self
@@ -205,6 +238,87 @@ class IteratorVariable(VariableTracker):
         while (item := self.next(tx)) is not None:
             out.append(item)
         return out
+
+
+def reversed_iterator(tx, seq: VariableTracker) -> IteratorVariable:
+    """`reversed(seq)`: live for lists (CPython's listreviterator: index from len-1 down,
+    stops when the index leaves the list), live and mutation-checked for dicts and their
+    views, a snapshot for immutable sequences."""
+    from ferrodyn.variables.dicts import DictVariable, DictViewVariable
+    seq = tx.realize(seq)
+    if isinstance(seq, ListVariable):
+        items = seq.state.items
+        pos = [len(items) - 1]
+
+        def step(tx):
+            i = pos[0]
+            if 0 <= i < len(items):
+                pos[0] = i - 1
+                return items[i]
+            return None
+        return IteratorVariable(state=IterState([], step=step))
+    if isinstance(seq, (DictVariable, DictViewVariable)):
+        return seq.iterator(tx, reverse=True)
+    return IteratorVariable.over(list(reversed(seq.unpack(tx))))
+
+
+def enumerate_iterator(tx, iterable: VariableTracker, start: int) -> IteratorVariable:
+    """`enumerate(iterable, start)`: lazy over the iterable's iterator, as in CPython."""
+    inner = tx.realize(iterable).iterator(tx)
+    count = [start]
+
+    def step(tx):
+        item = inner.next(tx)
+        if item is None:
+            return None
+        count[0] += 1
+        return TupleVariable(items=(ConstantVariable(value=count[0] - 1), item))
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def zip_iterator(tx, iterables) -> IteratorVariable:
+    """`zip(*iterables)` (not strict): lazy; each step pulls from the iterators in order and
+    stops at the first exhausted one, as CPython does."""
+    inners = [tx.realize(i).iterator(tx) for i in iterables]
+
+    def step(tx):
+        out = []
+        for it in inners:
+            item = it.next(tx)
+            if item is None:
+                return None
+            out.append(item)
+        return TupleVariable(items=tuple(out))
+    if not inners:
+        return IteratorVariable.over([])
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def map_iterator(tx, fn: VariableTracker, iterables) -> IteratorVariable:
+    """`map(fn, *iterables)`: lazy; `fn` runs when an item is taken, as in CPython (so calls
+    interleave with the loop body's effects in program order)."""
+    pairs = zip_iterator(tx, iterables)
+
+    def step(tx):
+        args = pairs.next(tx)
+        if args is None:
+            return None
+        return fn.call_function(tx, list(args.items), {})
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def filter_iterator(tx, fn: VariableTracker, iterable: VariableTracker) -> IteratorVariable:
+    """`filter(fn, iterable)`: lazy, as in CPython (`fn` None: truth of the item)."""
+    inner = tx.realize(iterable).iterator(tx)
+    identity = fn.is_python_constant() and fn.as_python_constant() is None
+
+    def step(tx):
+        while (item := inner.next(tx)) is not None:
+            keep = tx.realize(item) if identity else tx.realize(fn.call_function(tx, [item], {}))
+            if keep.truth(tx):
+                return item
+        return None
+    return IteratorVariable(state=IterState([], step=step))
 
 
 # ---- method tables ------------------------------------------------------------------------

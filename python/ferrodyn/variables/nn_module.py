@@ -68,6 +68,49 @@ class NNModuleVariable(UserObjectVariable):
         forward = tx.realize(self.var_getattr(tx, "forward"))
         return forward.call_function(tx, args, kwargs)
 
+    # -- mutation: nn.Module.__setattr__ / __delattr__ modelled for plain attributes -------
+    def _plain_module_attr(self, tx, name, verb: str, value=None) -> None:
+        """Refuse unless `Module.__setattr__`/`__delattr__` reduces to `object.__setattr__`/
+        `object.__delattr__` here (torch/nn/modules/module.py): the class does not override
+        them, `name` is not a parameter, buffer or submodule (their dicts' keys are guarded),
+        and the value is not a Parameter, Buffer or Module (those register themselves)."""
+        m = self.value
+        hook = "__setattr__" if verb == "set" else "__delattr__"
+        if getattr(type(m), hook) is not getattr(torch.nn.Module, hook):
+            unsupported(f"{type(m).__name__}.{hook} (a custom {hook} is not modelled)",
+                        BreakReason.SIDE_EFFECT)
+        self._plain_slot_check(tx, name)
+        src = DictOfSource(self.source)
+        for dict_name in _FALLBACK_DICTS:
+            d = m.__dict__.get(dict_name)
+            if not isinstance(d, dict):
+                unsupported(f"module {type(m).__name__} before Module.__init__",
+                            BreakReason.SIDE_EFFECT)
+            if name in d:
+                unsupported(f"assignment to {dict_name[1:-1]} {name!r} of a module",
+                            BreakReason.SIDE_EFFECT)
+            tx.output.install_guard(ItemSource(src, dict_name), GuardKind.DICT_KEYS, tuple(d))
+        if value is not None:
+            value = tx.realize(value)
+            try:
+                t = value.python_type()
+            except Exception:
+                unsupported(f"assignment of {value.describe()} to a module attribute",
+                            BreakReason.SIDE_EFFECT)
+            buffer = getattr(torch.nn, "Buffer", None)
+            if issubclass(t, (torch.nn.Parameter, torch.nn.Module)) or \
+                    (buffer is not None and isinstance(t, type) and issubclass(t, buffer)):
+                unsupported(f"assignment of a {t.__name__} to module attribute {name!r}",
+                            BreakReason.SIDE_EFFECT)
+
+    def setattr(self, tx, name, value):
+        self._plain_module_attr(tx, name, "set", value)
+        self.record_store(tx, name, value)
+
+    def delattr(self, tx, name):
+        self._plain_module_attr(tx, name, "del")
+        self.record_delete(tx, name)
+
     def var_getattr(self, tx, name):
         handler = _TREE_METHODS.get(name)
         if handler is not None and getattr(type(self.value), name, None) is \

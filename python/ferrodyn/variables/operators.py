@@ -150,6 +150,9 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
     from ferrodyn.variables.dicts import DictVariable
     from ferrodyn.variables.lists import _SequenceBase
     a, b = tx.realize(a), tx.realize(b)
+    from ferrodyn.variables.dicts import DictViewVariable, dict_view_equal
+    if isinstance(a, DictViewVariable) or isinstance(b, DictViewVariable):
+        return dict_view_equal(tx, a, b)
     if _is_tensor(a) or _is_tensor(b):
         unsupported("== between a tensor and a value as a Python bool", BreakReason.DATA_DEPENDENT)
     if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
@@ -187,6 +190,9 @@ def TupleVariableFrom(value: tuple) -> VariableTracker:
 def is_same(tx, a: VariableTracker, b: VariableTracker) -> bool:
     """`a is b` at trace time."""
     a, b = tx.realize(a), tx.realize(b)
+    if (a.source is not None or b.source is not None) and not \
+            (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
+        tx.output.side_effects.identity_sensitive = True  # the answer is guarded (aliasing)
     if _is_tensor(a) and _is_tensor(b) and a.node is not b.node and a.example is b.example:
         unsupported("`is` between two inputs that are the same tensor (aliasing is not guarded)",
                     BreakReason.OTHER)

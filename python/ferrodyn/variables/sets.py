@@ -2,16 +2,20 @@
 
 Owns `SetVariable`: the elements are Python constants kept in a real `set` (in the shared
 `SetState`) that replays the same operations, so membership, size and iteration order are
-those of eager. Sets from the frame are read-only. Does not own frozensets of constants
-(plain constants, constant.py).
+those of eager. Sets from the frame are EXISTING: single-element mutations (add, discard,
+remove, clear) are recorded in the SideEffects table and replayed as the same operations in
+program order (a set's iteration order depends on its history); iterating such a set (more than
+one element: the tracker's copy may order them differently) and bulk updates are refused.
+Does not own frozensets of constants (plain constants, constant.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
+from ferrodyn.side_effects import MutationType, apply_set_ops
 from ferrodyn.trace_result import OutCall, OutConst
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold
@@ -35,10 +39,23 @@ def elements(tx, v: VariableTracker) -> set:
     return {element(tx, i) for i in v.iterator(tx).unpack(tx)}
 
 
-@dataclass
+@dataclass(eq=False)
 class SetState:
+    """The contents of one set object (one per object: see SideEffects' identity table)."""
     real: set
-    existing: bool = False
+    mutation_type: MutationType = MutationType.NEW
+    side_effects: Any = None
+    source: Any = None
+    ops: list = field(default_factory=list)  # (set method name, args) of an EXISTING set
+
+    def record(self, name: str, args: tuple) -> None:
+        if self.mutation_type is MutationType.EXISTING:
+            self.ops.append((name, args))
+            self.side_effects.mark_mutated(self, self._replay)
+
+    def _replay(self, tx):
+        from ferrodyn.trace_result import OutSource
+        return apply_set_ops, (OutSource(self.source), OutConst(tuple(self.ops)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,12 +78,20 @@ class SetVariable(VariableTracker):
     def as_python_constant(self):
         return set(self.state.real)
 
-    def mutable(self) -> set:
-        if self.state.existing:
-            unsupported("mutation of a set from outside the frame", BreakReason.SIDE_EFFECT)
+    def mutable(self, op: str = "", args: tuple = ()) -> set:
+        """The real set to mutate; `op`/`args`: the operation, recorded for EXISTING sets
+        (operations without a name are refused on them)."""
+        if self.state.mutation_type is MutationType.EXISTING:
+            if op not in _REPLAYABLE:
+                unsupported(f"set.{op or 'update'} on a set from outside the frame",
+                            BreakReason.SIDE_EFFECT)
+            self.state.record(op, args)
         return self.state.real
 
     def unpack(self, tx):
+        if self.state.mutation_type is MutationType.EXISTING and len(self.state.real) > 1:
+            unsupported("iteration over a set from outside the frame (its order is not "
+                        "guarded)", BreakReason.UNSUPPORTED_TYPE)
         return [ConstantVariable(value=v) for v in self.state.real]
 
     def length(self, tx):
@@ -94,15 +119,22 @@ class SetVariable(VariableTracker):
         return handler(tx, self, *args)
 
     def reconstruct(self, tx):
-        if self.state.existing and self.source is not None:
-            return super().reconstruct(tx)
-        return OutCall(set, (OutConst(tuple(self.state.real)),))
+        st = self.state
+        if st.mutation_type is MutationType.EXISTING:
+            from ferrodyn.trace_result import OutSource
+            return OutSource(st.source)
+        return tx.output.side_effects.shared(
+            st, lambda: OutCall(set, (OutConst(tuple(st.real)),)))
+
+
+_REPLAYABLE = frozenset({"add", "discard", "remove", "clear"})
+_SINGLE = (set.add, set.discard, set.remove)
 
 
 def _mutating(op: Callable):
     def handler(tx, s, *others):
-        op(s.mutable(), *[elements(tx, o) if op is not set.add and op is not set.discard
-                          and op is not set.remove else element(tx, o) for o in others])
+        args = tuple(element(tx, o) if op in _SINGLE else elements(tx, o) for o in others)
+        op(s.mutable(op.__name__, args), *args)
         return ConstantVariable(value=None)
     return handler
 
@@ -111,7 +143,7 @@ def _remove(tx, s, value):
     v = element(tx, value)
     if v not in s.state.real:
         unsupported(f"KeyError: {v!r}", BreakReason.EXCEPTION)
-    s.mutable().remove(v)
+    s.mutable("remove", (v,)).remove(v)
     return ConstantVariable(value=None)
 
 

@@ -163,7 +163,9 @@ class ObjectLike(VariableTracker):
 
 @dataclass(frozen=True, eq=False)
 class UserObjectVariable(ObjectLike):
-    """An object from outside the frame: attributes readable (guarded on use), not writable."""
+    """An object from outside the frame: attributes readable (guarded on use); stores and
+    deletions of plain instance attributes are recorded in the SideEffects table (pending values
+    are what later reads see) and replayed after the graph."""
 
     value: Any = None
 
@@ -177,7 +179,16 @@ class UserObjectVariable(ObjectLike):
         return f"{type(self.value).__name__} object"
 
     def instance_attr(self, tx, name):
+        from ferrodyn.side_effects import DELETED
+        pending = tx.output.side_effects.pending_attr(self.value, name)
+        if pending is DELETED:
+            return None
+        if pending is not None:
+            return pending
         d = getattr(self.value, "__dict__", None)
+        as_dict = tx.output.side_effects.tracked(d, None) if isinstance(d, dict) else None
+        if as_dict is not None and hasattr(as_dict, "state"):
+            return as_dict.state.items.get(name)  # the __dict__ is a dict tracker: it is the truth
         if isinstance(d, dict) and name in d:
             return _lazy(d[name], _sub(self.source, lambda s: ItemSource(DictOfSource(s), name)))
         return None
@@ -201,6 +212,50 @@ class UserObjectVariable(ObjectLike):
             if isinstance(d.get(sub), dict):
                 tx.output.install_guard(ItemSource(src, sub), GuardKind.DICT_KEYS, tuple(d[sub]))
 
+    # -- mutation (recorded, replayed with object.__setattr__ / object.__delattr__) -----------
+    def plain_setattr_check(self, tx, name: str, verb: str) -> None:
+        """Refuse unless `setattr`/`delattr` of `name` is exactly `object.__setattr__`'s: the
+        class has no custom `__setattr__`/`__delattr__` and no data descriptor for `name`, and
+        the instance has a `__dict__`."""
+        cls = type(self.value)
+        hook = "__setattr__" if verb == "set" else "__delattr__"
+        if lookup_class_attr(cls, hook) is not getattr(object, hook):
+            unsupported(f"{cls.__name__}.{hook} (a custom {hook} is not modelled)",
+                        BreakReason.SIDE_EFFECT)
+        self._plain_slot_check(tx, name)
+
+    def _plain_slot_check(self, tx, name: str) -> None:
+        cls = type(self.value)
+        attr = lookup_class_attr(cls, name)
+        if attr is not _ABSENT and (isinstance(attr, property) or hasattr(type(attr), "__set__")
+                                    or hasattr(type(attr), "__delete__")):
+            unsupported(f"assignment through descriptor {cls.__name__}.{name}",
+                        BreakReason.SIDE_EFFECT)
+        if not isinstance(getattr(self.value, "__dict__", None), dict):
+            unsupported(f"{cls.__name__} object without a __dict__", BreakReason.SIDE_EFFECT)
+        if self.source is None:
+            unsupported(f"mutation of a {cls.__name__} object that cannot be reached from the "
+                        f"frame", BreakReason.SIDE_EFFECT)
+
+    def setattr(self, tx, name, value):
+        self.plain_setattr_check(tx, name, "set")
+        self.record_store(tx, name, value)
+
+    def delattr(self, tx, name):
+        self.plain_setattr_check(tx, name, "del")
+        self.record_delete(tx, name)
+
+    def record_store(self, tx, name, value):
+        from ferrodyn.trace_result import OutSource
+        src = self.source
+        tx.output.side_effects.store_attr(self.value, lambda tx: OutSource(src), name, value)
+
+    def record_delete(self, tx, name):
+        from ferrodyn.side_effects import DELETED
+        if self.instance_attr(tx, name) is None:
+            unsupported(f"AttributeError: {name!r}", BreakReason.EXCEPTION)
+        self.record_store(tx, name, DELETED)
+
     def descriptor_attr(self, tx, name):
         try:
             value = getattr(self.value, name)
@@ -209,7 +264,7 @@ class UserObjectVariable(ObjectLike):
         return _lazy(value, _sub(self.source, lambda s: AttrSource(s, name)))
 
 
-@dataclass
+@dataclass(eq=False)
 class ObjState:
     attrs: dict
 
@@ -255,9 +310,11 @@ class NewObjectVariable(ObjectLike):
                 (object.__new__, _ABSENT):
             unsupported(f"returning a {self.cls.__name__} object created in the frame",
                         BreakReason.UNSUPPORTED_TYPE)
-        names = tuple(self.state.attrs)
-        values = tuple(tx.realize(self.state.attrs[n]).reconstruct(tx) for n in names)
-        return OutCall(rebuild_object, (OutConst(self.cls), OutConst(names), OutTuple(values)))
+        def build():
+            names = tuple(self.state.attrs)
+            values = tuple(tx.realize(self.state.attrs[n]).reconstruct(tx) for n in names)
+            return OutCall(rebuild_object, (OutConst(self.cls), OutConst(names), OutTuple(values)))
+        return tx.output.side_effects.shared(self.state, build)  # one object however reached
 
 
 def rebuild_object(cls: type, names: tuple, values: tuple) -> Any:
