@@ -4,9 +4,10 @@ Each case is ordinary source that 3.13 compiles to the opcodes it adds or change
 TO_BOOL, COMPARE_OP's bool bit, LOAD_FAST_LOAD_FAST, STORE_FAST_STORE_FAST,
 STORE_FAST_LOAD_FAST, MAKE_FUNCTION + SET_FUNCTION_ATTRIBUTE, LOAD_FAST of a cell,
 CONVERT_VALUE, FORMAT_SIMPLE, FORMAT_WITH_SPEC, the NULL/self slot above the callable, FOR_ITER
-skipping END_FOR + POP_TOP, LOAD_SUPER_ATTR); on 3.11 and 3.12 the same source exercises their
-older forms. Every case: compiled == eager on the same inputs, one graph, and the same graph
-count as torch.compile. On 3.13 the cases are checked to contain every opcode listed.
+skipping END_FOR + POP_TOP, LOAD_SUPER_ATTR, and a cell slot saved and restored around an
+inlined comprehension); on 3.11 and 3.12 the same source exercises their older forms. Every
+case: compiled == eager on the same inputs, one graph, and the same graph count as
+torch.compile. On 3.13 the cases are checked to contain every opcode listed.
 """
 
 import dis
@@ -86,6 +87,23 @@ def loops_and_comprehensions(x, xs):
     return acc, squares, total, pairs[1]
 
 
+def comprehension_shadows_cell(x):
+    """The comprehension's `i` reuses the slot of the outer `i`, a cell (captured by g): the
+    slot holds the cell, then plain values, then the cell again."""
+    i = 10
+    g = lambda: i  # noqa: E731
+    ys = [x * i for i in range(3)]
+    return x + i, g(), ys[2]
+
+
+def comprehension_cell_shadows_cell(x):
+    """As above, with the comprehension's `i` a cell of its own (captured by the lambdas)."""
+    i = 10
+    g = lambda: i  # noqa: E731
+    fs = [lambda: x * i for i in range(3)]
+    return x + i, g(), fs[0](), fs[2]()
+
+
 class Base(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -120,6 +138,8 @@ CASES = [
     (star_calls, lambda: (t(3), [t(3), t(3)], {"scale": 3.0}), {"CALL_FUNCTION_EX"}),
     (loops_and_comprehensions, lambda: (t(3), [t(3), t(3), t(3)]), {"FOR_ITER", "END_FOR"}),
     (super_calls, lambda: (Child(), t(2, 4)), {"LOAD_SUPER_ATTR"}),
+    (comprehension_shadows_cell, lambda: (t(2),), {"LOAD_FAST_AND_CLEAR", "MAKE_CELL"}),
+    (comprehension_cell_shadows_cell, lambda: (t(2),), {"LOAD_FAST_AND_CLEAR", "MAKE_CELL"}),
 ]
 IDS = [f"{fn.__name__}-{i}" for i, (fn, _, _) in enumerate(CASES)]
 

@@ -2,9 +2,10 @@
 //!
 //! - `supports_weakrefs`: whether `PyWeakref_NewRef` would accept the object (its type's
 //!   `tp_weaklistoffset` is non-zero: positive on 3.11, negative for managed weakref lists on
-//!   3.12; `Objects/weakrefobject.c`, `_PyType_SUPPORTS_WEAKREFS`).
+//!   3.12 and 3.13; `Objects/weakrefobject.c`, `_PyType_SUPPORTS_WEAKREFS`).
 //! - `referent_ptr`: the address a weakref points to, or null once it is dead, read with the
-//!   borrowed-reference API (`PyWeakref_GetObject`, present on 3.11 and 3.12), so no reference
+//!   borrowed-reference API (`PyWeakref_GetObject`: present on 3.11 to 3.14, deprecated since
+//!   3.13, removed in 3.15, where `PyWeakref_GetRef` replaces it), so no reference
 //!   count changes and no Python code runs (safe to call while a dictionary's lock is held).
 use pyo3::ffi;
 use pyo3::prelude::*;

@@ -35,17 +35,24 @@ def RETURN_CONST(tx, inst):
     tx.returned = tx.pop()
 
 
+# A local slot holds either a value (kept in `tx.locals`) or, for a cell or free variable once
+# MAKE_CELL / COPY_FREE_VARS ran, the cell (kept in `tx.cells`). Inlined comprehensions (3.12+)
+# save a slot with LOAD_FAST_AND_CLEAR, use it for plain values, and restore it with STORE_FAST,
+# also when the slot held a cell; 3.13 also reads a cell slot with LOAD_FAST to build closures.
+
+def _is_cell_slot(tx, name) -> bool:
+    return name in tx.code.co_cellvars or name in tx.code.co_freevars
+
+
 def load_fast_value(tx, name):
-    """A local's value; for a cell or free variable, its cell (3.13 compiles LOAD_CLOSURE to a
-    LOAD_FAST of the cell's slot, which holds the cell object)."""
-    code = tx.code
-    if name in code.co_cellvars or name in code.co_freevars:
-        return tx.cell(name)
-    if name not in tx.locals:
-        unsupported(f"UnboundLocalError: {name!r}", BreakReason.EXCEPTION)
-    v = tx.realize(tx.locals[name])
-    tx.locals[name] = v
-    return v
+    """What local slot `name` holds: a value, or the cell of a cell or free variable."""
+    if name in tx.locals:
+        v = tx.realize(tx.locals[name])
+        tx.locals[name] = v
+        return v
+    if _is_cell_slot(tx, name) and name in tx.cells:
+        return tx.cells[name]
+    unsupported(f"UnboundLocalError: {name!r}", BreakReason.EXCEPTION)
 
 
 @opcode()
@@ -60,15 +67,25 @@ def LOAD_FAST_CHECK(tx, inst):
 
 @opcode(since=(3, 12))
 def LOAD_FAST_AND_CLEAR(tx, inst):
-    """3.12 inlined comprehensions: save the outer binding (or NULL) and clear it."""
-    v = tx.locals.pop(inst.argval, NULL)
+    """Inlined comprehensions: save the slot's content (a value, a cell, or NULL) and clear it."""
+    name = inst.argval
+    v = tx.locals.pop(name, NULL)
+    if is_null(v) and _is_cell_slot(tx, name):
+        v = tx.cells.pop(name, NULL)
     tx.stack.append(v)
 
 
 def store_fast_value(tx, name, v):
-    """Bind local `name` to `v` (a NULL from LOAD_FAST_AND_CLEAR unbinds it)."""
+    """Set local slot `name` to `v`: a NULL (from LOAD_FAST_AND_CLEAR) unbinds it, a cell
+    saved from a cell slot goes back to being that variable's cell, any other value replaces
+    what the slot held."""
+    if _is_cell_slot(tx, name):
+        tx.cells.pop(name, None)
     if is_null(v):
         tx.locals.pop(name, None)
+    elif isinstance(v, CellVariable) and _is_cell_slot(tx, name):
+        tx.locals.pop(name, None)
+        tx.cells[name] = v
     else:
         tx.locals[name] = v
 
