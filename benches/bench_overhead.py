@@ -1,6 +1,8 @@
 """Cache-hit call overhead: (compiled call - eager call) for a function of 1, 4, 16 and 64
-tensor arguments (it adds them all, so every argument is a graph input and guarded), ferrodyn
-vs torch.compile, both with backend="eager". Rounds alternate eager / ferrodyn / torch.compile;
+tensor arguments (it adds them all, so every argument is a graph input and guarded), hits on
+the 1st and the 8th of 8 entries, and, for modules (one parameter; an 8-layer MLP with 16
+parameters), (compiled call - calling the captured fx graph), ferrodyn vs torch.compile, both
+with backend="eager" (ferrodyn's module cases: a backend that returns gm.forward, the same). Rounds alternate eager / ferrodyn / torch.compile;
 the overhead is the median over rounds of (compiled - eager) measured in the same round. Times
 are this thread's CPU time (time.thread_time_ns), not wall time: on a shared, oversubscribed
 machine wall time mostly measures the other processes. One intra-op thread, as tiny tensors
@@ -82,10 +84,10 @@ def _run(rounds, ferrodyn, dynamo) -> list[dict]:
         case = f"{n} tensor args" + ("" if captured else " [ferrodyn ran eagerly]")
         rows.append({"case": case, "ferrodyn": t["ferrodyn"] / 1e3, "reference": t["torch"] / 1e3,
                      "unit": "us", "reference_name": "torch.compile", "eager_us": t["eager"] / 1e3})
-    # 8 entries of one code (8 input shapes), then calls whose entry is the 1st, and the 8th,
-    # of the code's list (ferrodyn leaves an entry reached past discriminator rejections in
-    # place; torch.compile moves each hit to the front). dynamic=False on both (torch would
-    # otherwise make the size dynamic: one entry).
+    # 8 entries of one code (8 input shapes). "entry 1": the same input every call (its entry
+    # is the most recently hit, first). "entry 8": inputs in the order that makes every call
+    # hit the last entry of the list (each hit moves its entry to the front, in both). Both
+    # with dynamic=False (torch would otherwise make the size dynamic: one entry).
     fn = make_fn(1)
     xs = [torch.randn(k + 1) for k in range(8)]
     ferrodyn.reset()
@@ -97,25 +99,42 @@ def _run(rounds, ferrodyn, dynamo) -> list[dict]:
             f(x)
     entries = ferrodyn._C.cache_entries(fn.__code__)
     assert len(entries) == 8
-    for pos in (0, 7):
-        x = next(x for x in xs if entries[pos].guards.check((x,), fn.__globals__))
-        fd(x)
-        t = paired_overhead_ns(lambda: fn(x), {"ferrodyn": lambda: fd(x), "torch": lambda: tc(x)},
-                               inner=200, rounds=rounds)
-        assert ferrodyn._C.cache_entries(fn.__code__)[pos] is entries[pos]
-        rows.append({"case": f"1 tensor arg, hit on entry {pos + 1} of 8", "ferrodyn": t["ferrodyn"] / 1e3,
-                     "reference": t["torch"] / 1e3, "unit": "us", "reference_name": "torch.compile"})
-    # an nn.Module (one parameter): OptimizedModule vs torch.compile's OptimizedModule
+    # entries[0] is xs[7]'s ... entries[7] is xs[0]'s: calling xs[0], xs[1], ... cyclically
+    # always hits the last entry
+    assert all(e.guards.check((x,), fn.__globals__) for e, x in zip(entries, reversed(xs)))
+    order = {"entry 1": [xs[7]] * 8, "entry 8": list(xs)}
+    for name, seq in order.items():
+        def cycle(f, seq=seq):
+            def run():
+                for x in seq:
+                    f(x)
+            return run
+
+        t = paired_overhead_ns(cycle(fn), {"ferrodyn": cycle(fd), "torch": cycle(tc)}, inner=25, rounds=rounds)
+        rows.append({"case": f"1 tensor arg, 8 entries, hit on {name}", "ferrodyn": t["ferrodyn"] / 8e3,
+                     "reference": t["torch"] / 8e3, "unit": "us", "reference_name": "torch.compile"})
+    last = ferrodyn._C.cache_entries(fn.__code__)
+    assert last[0].guards.check((xs[7],), fn.__globals__)  # the cycle ended on xs[7]
+    # an nn.Module (one parameter): OptimizedModule vs torch.compile's OptimizedModule, over
+    # calling the captured graph (the module's own eager call costs an nn.Module.__call__,
+    # which the compiled call skips)
     mod = _Scale()
     x = torch.randn(4)
     ferrodyn.reset()
     dynamo.reset()
-    fd, tc = ferrodyn.compile(mod, backend="eager"), torch.compile(mod, backend="eager")
+    grabbed = []
+
+    def grab1(gm, example_inputs):
+        grabbed.append((gm, list(example_inputs)))
+        return gm.forward
+
+    fd, tc = ferrodyn.compile(mod, backend=grab1), torch.compile(mod, backend="eager")
     with torch.no_grad():
         for f in (fd, tc):
             f(x)
             f(x)
-        t = paired_overhead_ns(lambda: mod(x), {"ferrodyn": lambda: fd(x), "torch": lambda: tc(x)},
+        gm1, ex1 = grabbed[0]
+        t = paired_overhead_ns(lambda: gm1.forward(*ex1), {"ferrodyn": lambda: fd(x), "torch": lambda: tc(x)},
                                inner=200, rounds=rounds)
     rows.append({"case": "nn.Module, 1 tensor arg", "ferrodyn": t["ferrodyn"] / 1e3,
                  "reference": t["torch"] / 1e3, "unit": "us", "reference_name": "torch.compile"})

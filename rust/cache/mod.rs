@@ -1,6 +1,5 @@
 //! The per-code cache: compiled entries (`CacheEntry`) of each code object, kept in the code's
-//! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first (an entry
-//! reached past whole-tree failures moves to the front) against
+//! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first against
 //! their guard trees (entries past the first pre-filtered by their tree's discriminator leaf), with a per-code size limit and global counters.
 //!
 //! Owns: entry storage and order, the limit and its one-time warning, the counters, `reset()`.
@@ -303,7 +302,6 @@ pub fn lookup<'py>(
 ) -> (Option<EntryRef>, bool) {
     let snap = state.snapshot();
     let mut errors = false;
-    let mut full_failures = false;
     let many = snap.len() > 1;
     for (i, e) in snap.iter().enumerate() {
         let entry = e.get();
@@ -329,15 +327,16 @@ pub fn lookup<'py>(
         if pass {
             entry.record_hit();
             bump(&HITS);
-            // Move it to the front only when whole trees failed before it: entries the
-            // discriminator rejected cost little, and reordering copies the list.
-            if i != 0 && full_failures {
-                state.promote(e);
+            let hit = Arc::clone(e);
+            if i != 0 {
+                // Most recently hit first. Promote after letting go of the snapshot, so that
+                // the list is rotated in place rather than copied.
+                drop(snap);
+                state.promote(&hit);
             }
-            return (Some(Arc::clone(e)), errors);
+            return (Some(hit), errors);
         }
         errors = true;
-        full_failures = true;
         bump(&GUARD_FAILURES);
     }
     (None, errors)

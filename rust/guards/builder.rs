@@ -342,7 +342,9 @@ impl GuardBuilder {
         leaves.sort_by_key(|l| l.order);
         let nodes = std::mem::take(&mut self.nodes);
         let disc = super::tree::discriminator(&nodes, &leaves);
+        let slot_of = super::tree::slots_of(&nodes);
         Ok(GuardTree {
+            slot_of,
             disc,
             exports: std::mem::take(&mut self.exports),
             nodes,

@@ -39,7 +39,11 @@ impl IdRef {
     #[inline]
     pub(crate) fn is(&self, py: Python<'_>, ptr: *mut pyo3::ffi::PyObject) -> bool {
         match self {
-            IdRef::Weak { addr, r } => *addr == ptr as usize && r.bind(py).upgrade().is_some(),
+            // The referent's address read without touching reference counts: equal to `ptr`
+            // only while the object is alive (a dead weakref reads null).
+            IdRef::Weak { addr, r } => {
+                *addr == ptr as usize && crate::ffi::weakref::referent_ptr(py, r) == ptr
+            }
             IdRef::Strong(o) => o.as_ptr() == ptr,
         }
     }

@@ -29,6 +29,20 @@ pub struct GuardTree {
     /// Nodes whose values a passing check hands to the entry function (after the argument
     /// slots and closure cells), so it does not read them again (`GuardBuilder.export`).
     pub(crate) exports: Vec<usize>,
+    /// Per node: the argument slot of a root `L[i]` node, which leaves read straight from the
+    /// frame's slots (borrowed, no memo) when the input has slots.
+    pub(crate) slot_of: Vec<Option<usize>>,
+}
+
+/// `GuardTree::slot_of` for these nodes.
+pub(crate) fn slots_of(nodes: &[Node]) -> Vec<Option<usize>> {
+    nodes
+        .iter()
+        .map(|n| match (&n.access, n.parent) {
+            (Access::Local { index, .. }, None) => Some(*index),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The discriminator of a tree with these nodes and (ordered) leaves (see `GuardTree::disc`).
@@ -154,6 +168,10 @@ impl GuardTree {
             globals: self.globals.as_ref().map(|g| g.bind(py)),
             builtins: self.builtins.as_ref().map(|b| b.bind(py)),
         };
+        let slots = match &input.locals {
+            Locals::Slots(s) => Some(s),
+            Locals::Mapping(_) => None,
+        };
         for (i, leaf) in self.leaves.iter().enumerate() {
             let ok = match (leaf.node, &leaf.kind) {
                 (None, LeafKind::Aliasing(a)) => {
@@ -161,6 +179,16 @@ impl GuardTree {
                     a.check(py, &vals)
                 }
                 (None, _) => leaf.check(py, None),
+                (Some(n), _) if slots.is_some() && self.slot_of[n].is_some() => {
+                    // An argument slot: borrowed from the frame for the whole check.
+                    let (Some(s), Some(k)) = (slots, self.slot_of[n]) else {
+                        unreachable!()
+                    };
+                    match s.get(py, k) {
+                        Some(v) => leaf.check(py, Some(&v)),
+                        None => leaf.check(py, None),
+                    }
+                }
                 (Some(n), _) => {
                     if memo[n].is_none() {
                         self.ensure(py, input, &defaults, memo, n);
@@ -223,8 +251,16 @@ impl GuardTree {
 
     /// The explanation of the first failing leaf, or None if every leaf passes.
     pub fn explain_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> Option<String> {
-        let (i, memo) = self.first_failure(py, input)?;
+        let (i, mut memo) = self.first_failure(py, input)?;
         let leaf = &self.leaves[i];
+        if let Some(n) = leaf.node {
+            // Argument-slot nodes are not memoised by the check: read it now.
+            let defaults = Defaults {
+                globals: self.globals.as_ref().map(|g| g.bind(py)),
+                builtins: self.builtins.as_ref().map(|b| b.bind(py)),
+            };
+            self.ensure(py, input, &defaults, &mut memo, n);
+        }
         let msg = match (leaf.node, &leaf.kind) {
             (None, LeafKind::Aliasing(a)) => {
                 let vals: Vec<_> = a.nodes.iter().map(|&n| memo[n].clone().flatten()).collect();
