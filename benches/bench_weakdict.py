@@ -4,7 +4,9 @@ for two cases on plain-object keys too.
 
 Each case runs one operation over N keys per call; the two implementations alternate round by
 round (timing.interleaved_ns), and cases that need untimed set-up (deleting, keys dying) use the
-same alternation with the set-up outside the timed region.
+same alternation with the set-up outside the timed region. Inserting and dying are also measured
+at N_BIG keys (`_big_table_rows`), where a key's death is reported as the dictionary's own share:
+the cost of freeing a tensor that no dictionary holds is measured alongside and subtracted.
 
     python benches/run.py --group weakdict
 """
@@ -171,6 +173,8 @@ def run(rounds: int = 30) -> list[dict]:
             assert len(d) == 0
         return f
 
+    rows.extend(_big_table_rows(impls, rounds=max(6, rounds // 3)))
+
     gc.collect()
     for name, setup in [("set (new key, into an empty dict)", insert_new), ("delete", delete),
                         (f"keys dying ({N} tensor keys dropped, until empty)", keys_dying)]:
@@ -179,6 +183,82 @@ def run(rounds: int = 30) -> list[dict]:
         rows.append({"case": name, "ferrodyn": res["ferrodyn"] / N, "reference": res["reference"] / N,
                      "unit": "ns", "reference_name": "torch.utils.weak"})
     return rows
+
+
+N_BIG = 10_000  # keys in the dictionary for the insert and death rows measured at scale
+CHUNK = 250  # keys freed (or inserted) per timed sample
+
+
+def _timed_inserts(d, keys, v) -> int:
+    t0 = time.perf_counter_ns()
+    if d is not None:
+        for k in keys:
+            d[k] = v
+    return time.perf_counter_ns() - t0
+
+
+def _big_table_rows(impls: dict, rounds: int) -> list[dict]:
+    """Insert and death at N_BIG keys. A round builds, for each implementation and for "no
+    dictionary" (the baseline), N_BIG fresh tensor keys, then times them CHUNK at a time: the
+    inserts into an empty dictionary, then the drop of the last reference to each chunk of keys
+    (their entries removed by the weakref callbacks). The order of the three kinds is shuffled
+    each round; each figure is the median over every chunk of every round (per key). The death
+    rows report the dictionary's own share: the time to free the keys minus the baseline's time
+    to free the same number of tensors held by no dictionary. The garbage collector is paused
+    while these rows run (timeit's convention): each new weakref (ferrodyn's) or WeakIdRef
+    (torch's) is a GC-tracked allocation, and the generation-0 collections they trigger would
+    otherwise be timed as part of an insert, alike for both."""
+    kinds = {"ferrodyn": impls["ferrodyn"], "reference": impls["reference"], "none": None}
+    ins = {k: [] for k in kinds}
+    die = {k: [] for k in kinds}
+    was_enabled = gc.isenabled()
+    gc.disable()  # timeit's convention: collections triggered by allocations are not timed
+    try:
+        _big_table_rounds(kinds, rounds, ins, die)
+    finally:
+        if was_enabled:
+            gc.enable()
+    med = {k: (statistics.median(ins[k]), statistics.median(die[k])) for k in kinds}
+    base = med["none"][1]
+    return [
+        {"case": f"set (new key, {N_BIG} keys into an empty dict)", "ferrodyn": med["ferrodyn"][0],
+         "reference": med["reference"][0], "unit": "ns", "reference_name": "torch.utils.weak"},
+        {"case": f"keys dying, total ({N_BIG} keys; {base:.0f} ns of it frees the tensor)",
+         "ferrodyn": med["ferrodyn"][1], "reference": med["reference"][1], "unit": "ns",
+         "reference_name": "torch.utils.weak"},
+        {"case": f"keys dying, dictionary's own share ({N_BIG} keys)",
+         "ferrodyn": med["ferrodyn"][1] - base, "reference": med["reference"][1] - base,
+         "unit": "ns", "reference_name": "torch.utils.weak"},
+    ]
+
+
+def _big_table_rounds(kinds, rounds, ins, die) -> None:
+    import random
+
+    import torch
+
+    v = object()
+    for _ in range(rounds):
+        gc.collect()
+        order = list(kinds)
+        random.shuffle(order)
+        for kind in order:
+            cls = kinds[kind]
+            keys = [torch.randn(1) for _ in range(N_BIG)]
+            d = cls() if cls is not None else None
+            for i in range(0, N_BIG, CHUNK):
+                chunk = keys[i:i + CHUNK]
+                ins[kind].append(_timed_inserts(d, chunk, v) / CHUNK)
+            del chunk
+            chunks = [keys[i:i + CHUNK] for i in range(0, N_BIG, CHUNK)]
+            del keys
+            while chunks:
+                holder = [chunks.pop()]
+                t0 = time.perf_counter_ns()
+                holder.clear()  # CHUNK keys die
+                die[kind].append((time.perf_counter_ns() - t0) / CHUNK)
+            if d is not None:
+                assert len(d) == 0
 
 
 if __name__ == "__main__":

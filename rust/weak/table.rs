@@ -8,7 +8,7 @@
 //! maps, key -> slot index and refid -> slot index. A key's death (the hot removal) probes only
 //! `by_ref`: its `index` entry is left behind, stale, and every lookup through `index` checks that
 //! the slot it names is live and holds that key. Stale entries are dropped when the index is
-//! rebuilt, once they outnumber live ones (so their number stays bounded). Iterators walk slot indices, so slots never move
+//! rebuilt, at a fixed ratio of stale to live entries (so their number stays bounded). Iterators walk slot indices, so slots never move
 //! while an iterator is alive; compaction (dropping tombstones) only happens when the caller says
 //! no iterator exists.
 //!
@@ -66,8 +66,11 @@ pub struct Slot<E> {
     pub entry: E,
 }
 
-/// Tombstones are compacted away once they outnumber live slots (and at least this many exist).
+/// Tombstones are compacted away once they are `COMPACT_RATIO - 1` times as many as live slots
+/// (and at least this many slots exist); stale index entries are dropped at the same ratio. A
+/// dictionary whose keys all die then re-inserts about a third of its entries in total, not all.
 const COMPACT_MIN_SLOTS: usize = 16;
+const COMPACT_RATIO: usize = 2;
 
 pub struct Table<E> {
     slots: Vec<Option<Slot<E>>>,
@@ -221,16 +224,16 @@ impl<E> Table<E> {
     }
 
     /// Drop tombstones when `allowed` (no iterator holds a slot index) and they are worth it:
-    /// trailing ones always, the rest once they outnumber live slots. The index is rebuilt
-    /// (without stale entries) whenever slots move, and otherwise once stale entries outnumber
-    /// live ones (slots stay put for that, so it is done even while iterators exist).
+    /// trailing ones always, the rest at `COMPACT_RATIO`. The index is rebuilt
+    /// (without stale entries) whenever slots move, and otherwise at the same ratio of stale to
+    /// live entries (slots stay put for that, so it is done even while iterators exist).
     pub fn maybe_compact(&mut self, allowed: bool) {
         if allowed {
             while matches!(self.slots.last(), Some(None)) {
                 self.slots.pop();
             }
             let n = self.slots.len();
-            if n >= COMPACT_MIN_SLOTS && self.live * 2 <= n {
+            if n >= COMPACT_MIN_SLOTS && self.live * COMPACT_RATIO <= n {
                 self.slots.retain(|s| s.is_some());
                 self.rebuild_maps();
                 if self.slots.capacity() > 4 * self.slots.len() + COMPACT_MIN_SLOTS {
@@ -239,7 +242,7 @@ impl<E> Table<E> {
                 return;
             }
         }
-        if self.index.len() > 2 * self.live + COMPACT_MIN_SLOTS {
+        if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS {
             self.rebuild_maps();
         }
     }
@@ -252,9 +255,6 @@ impl<E> Table<E> {
                 self.index.insert(s.key, i);
                 self.by_ref.insert(s.refid, i);
             }
-        }
-        if self.slots.capacity() > 4 * self.slots.len() + COMPACT_MIN_SLOTS {
-            self.slots.shrink_to(2 * self.slots.len());
         }
     }
 
@@ -278,7 +278,7 @@ impl<E> Table<E> {
                 self.by_ref.len()
             ));
         }
-        if self.index.len() > 2 * self.live + COMPACT_MIN_SLOTS + 1 {
+        if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS + 1 {
             return Err(format!("{} stale index entries", self.index.len() - self.live));
         }
         for (i, s) in live {
@@ -346,7 +346,7 @@ mod tests {
             t.insert_new(k, k as usize, 0);
             assert!(t.remove_by_ref(k as usize));
             t.maybe_compact(k % 2 == 0); // with and without iterators alive
-            assert!(t.index.len() <= 2 * t.len() + COMPACT_MIN_SLOTS + 1);
+            assert!(t.index.len() <= COMPACT_RATIO * t.len() + COMPACT_MIN_SLOTS + 1);
         }
         t.check_invariants().unwrap();
         assert_eq!(t.len(), 1);
