@@ -65,6 +65,42 @@ pub(crate) fn first_violation(spec: &AliasSpec, seen: &[Observed]) -> Option<(us
     None
 }
 
+/// The check of the hot path: O(n) with two maps per relation (object -> group, group ->
+/// object), equivalent to `first_violation(..).is_none()` (which explains, in O(n²)).
+pub(crate) fn holds(spec: &AliasSpec, seen: &[Observed]) -> bool {
+    use std::collections::HashMap;
+    let n = spec.groups.len();
+    if n <= 16 {
+        return first_violation(spec, seen).is_none();
+    }
+    let mut by_addr: HashMap<usize, u32> = HashMap::with_capacity(n);
+    let mut by_group: HashMap<u32, usize> = HashMap::with_capacity(n);
+    let mut by_storage: HashMap<usize, u32> = HashMap::new();
+    let mut by_sgroup: HashMap<u32, (usize, usize)> = HashMap::new(); // group -> (storage, count)
+    for i in 0..n {
+        let (addr, g) = (seen[i].addr, spec.groups[i]);
+        if *by_addr.entry(addr).or_insert(g) != g || *by_group.entry(g).or_insert(addr) != addr {
+            return false;
+        }
+        if let Some((sg, _)) = spec.storages[i] {
+            let Some((st, _)) = seen[i].storage else { return false };
+            if *by_storage.entry(st).or_insert(sg) != sg {
+                return false;
+            }
+            let e = by_sgroup.entry(sg).or_insert((st, 0));
+            if e.0 != st {
+                return false;
+            }
+            e.1 += 1;
+        }
+    }
+    // storage offsets of tensors that share a storage group
+    (0..n).all(|i| match (spec.storages[i], seen[i].storage) {
+        (Some((sg, off)), Some((_, got))) => by_sgroup[&sg].1 < 2 || got == off,
+        _ => true,
+    })
+}
+
 impl AliasSpec {
     pub(crate) fn describe(&self) -> String {
         format!("aliasing({}) as traced", self.sources.join(", "))
@@ -86,7 +122,7 @@ impl AliasSpec {
 
     pub(crate) fn check(&self, py: Python<'_>, vals: &[Option<Bound<'_, PyAny>>]) -> bool {
         match self.observe(py, vals) {
-            Some(seen) => first_violation(self, &seen).is_none(),
+            Some(seen) => holds(self, &seen),
             None => false,
         }
     }
@@ -213,6 +249,38 @@ mod tests {
         assert!(first_violation(&shared, &[obs(1, Some((10, 0))), obs(2, Some((10, 4)))]).is_none());
         assert_eq!(first_violation(&shared, &[obs(1, Some((10, 0))), obs(2, Some((10, 2)))]).map(|v| v.2), Some("storage offset changed"));
         assert_eq!(first_violation(&shared, &[obs(1, Some((10, 0))), obs(2, Some((11, 4)))]).map(|v| v.2), Some("no longer share storage"));
+    }
+
+    #[test]
+    fn linear_check_agrees_with_pairwise_on_large_inputs() {
+        // 40 values: groups i/2 (pairs of one object), storages i/4 with offsets
+        let n = 40;
+        let s = spec(
+            (0..n).map(|i| (i / 2) as u32).collect(),
+            (0..n).map(|i| Some(((i / 4) as u32, (i % 4 / 2) as i64 * 8))).collect(),
+        );
+        let good: Vec<Observed> = (0..n).map(|i| obs(100 + i / 2, Some((1000 + i / 4, (i % 4 / 2) as i64 * 8)))).collect();
+        assert!(holds(&s, &good) && first_violation(&s, &good).is_none());
+        let mut variants = Vec::new();
+        let mut merged = good.iter().map(|o| obs(o.addr, o.storage)).collect::<Vec<_>>();
+        merged[5] = obs(100, Some((1000, 0))); // two groups now one object
+        variants.push(merged);
+        let mut split = good.iter().map(|o| obs(o.addr, o.storage)).collect::<Vec<_>>();
+        split[1] = obs(999, Some((1000, 0))); // a pair now two objects
+        variants.push(split);
+        let mut offset = good.iter().map(|o| obs(o.addr, o.storage)).collect::<Vec<_>>();
+        offset[2] = obs(offset[2].addr, Some((1000, 4)));
+        offset[3] = obs(offset[3].addr, Some((1000, 4)));
+        variants.push(offset);
+        let mut shared = good.iter().map(|o| obs(o.addr, o.storage)).collect::<Vec<_>>();
+        for o in shared.iter_mut().skip(4).take(4) {
+            o.storage = Some((1000, o.storage.unwrap().1)); // two storage groups now one
+        }
+        variants.push(shared);
+        for v in &variants {
+            assert!(!holds(&s, v));
+            assert!(first_violation(&s, v).is_some());
+        }
     }
 
     #[test]
