@@ -166,6 +166,10 @@ STATEMENTS = [
     "r.append(a is b)",
     "r.append(o.items is a)",
     "e.append(len(r))",
+    "G.append(len(a))",
+    "CNT += len(G)",
+    "r.append(CNT)",
+    "d[2] = G",
 ]
 
 
@@ -175,7 +179,9 @@ class Obj:
 
 def _program(stmts):
     body = "\n".join("    " + s for s in stmts)
-    return f"def f(a, b, d, o, e, x):\n    r = []\n    kv = d.keys()\n{body}\n    return x, r\n"
+    return ("G = []\nCNT = 0\n"
+            f"def f(a, b, d, o, e, x):\n    global CNT\n    r = []\n    kv = d.keys()\n{body}\n"
+            "    return x, r\n")
 
 
 def _args(alias_ab, alias_items, alias_e):
@@ -196,4 +202,4 @@ def _args(alias_ab, alias_items, alias_e):
 def test_random_programs_with_aliasing_match_eager(stmts, alias_ab, alias_items, alias_e):
     src = "class Obj:\n    pass\n" + _program(stmts)
     differential(src, "f", _args(alias_ab, alias_items, alias_e), calls=2,
-                 compare_torch_count=False)
+                 state=lambda g: (g["G"], g["CNT"]), compare_torch_count=False)
