@@ -131,3 +131,22 @@ def test_is_between_inputs_is_guarded():
     assert c(xs, xs, one).item() == 1
     assert c(xs, ys, one).item() == 2
     assert c(xs, xs, one).item() == 1
+
+
+def test_many_inputs_take_the_linear_check():
+    """More than 16 guarded values: the hashed O(n) check of the leaf must agree with eager."""
+    def g(ts):
+        ts[0].add_(1)
+        return sum(t.sum() for t in ts[1:])
+    cb = CountingBackend()
+    c = ferrodyn.compile(g, backend=cb)
+    for alias in (False, True, False, True):
+        def make():
+            ts = [torch.ones(2) for _ in range(20)]
+            if alias:
+                ts[7] = ts[0][:]  # a view of the mutated tensor
+            return ts
+        e, k = make(), make()
+        assert torch.equal(c(k), g(e))
+        assert all(torch.equal(a, b) for a, b in zip(k, e))
+    assert cb.count == 2

@@ -85,6 +85,20 @@ VIEW_CASES = {
                 out.append(a + b)
             return x + 1, out
     """,
+    "zip_strict_equal_lengths": """
+        def f(xs, x):
+            out = []
+            for a, b in zip(xs, [10, 20], strict=True):
+                out.append(a + b)
+            return x + 1, out
+    """,
+    "zip_strict_mismatch_raises": """
+        def f(xs, x):
+            out = []
+            for a, b in zip(xs, [10, 20, 30], strict=True):
+                out.append(a + b)
+            return x + 1, out
+    """,
     "map_is_lazy_and_interleaves": """
         def f(xs, x):
             log = []
@@ -131,8 +145,9 @@ def test_views_and_iterators_are_live(name):
         make = lambda g: ({"a": 1, "b": 2}, torch.ones(2))  # noqa: E731
     else:
         make = lambda g: ([1, 2], torch.ones(2))  # noqa: E731
-    out = differential(src, "f", make, calls=2)
-    assert out["ferrodyn"][1] == 1
+    raises = name.endswith("_raises")
+    out = differential(src, "f", make, calls=2, compare_torch_count=not raises)
+    assert out["ferrodyn"][1] == (0 if raises else 1)
 
 
 def test_dict_changed_size_during_iteration_raises_like_eager():
@@ -166,6 +181,10 @@ STATEMENTS = [
     "r.append(a is b)",
     "r.append(o.items is a)",
     "e.append(len(r))",
+    "G.append(len(a))",
+    "CNT += len(G)",
+    "r.append(CNT)",
+    "d[2] = G",
 ]
 
 
@@ -175,7 +194,9 @@ class Obj:
 
 def _program(stmts):
     body = "\n".join("    " + s for s in stmts)
-    return f"def f(a, b, d, o, e, x):\n    r = []\n    kv = d.keys()\n{body}\n    return x, r\n"
+    return ("G = []\nCNT = 0\n"
+            f"def f(a, b, d, o, e, x):\n    global CNT\n    r = []\n    kv = d.keys()\n{body}\n"
+            "    return x, r\n")
 
 
 def _args(alias_ab, alias_items, alias_e):
@@ -196,4 +217,4 @@ def _args(alias_ab, alias_items, alias_e):
 def test_random_programs_with_aliasing_match_eager(stmts, alias_ab, alias_items, alias_e):
     src = "class Obj:\n    pass\n" + _program(stmts)
     differential(src, "f", _args(alias_ab, alias_items, alias_e), calls=2,
-                 compare_torch_count=False)
+                 state=lambda g: (g["G"], g["CNT"]), compare_torch_count=False)

@@ -326,11 +326,21 @@ impl GuardBuilder {
         storages: Vec<Option<(u32, i64)>>,
     ) -> Result<()> {
         if nodes.len() != groups.len() || nodes.len() != storages.len() {
-            return Err(Error::Value("aliasing: nodes, groups and storages differ in length".into()));
+            return Err(Error::Value(
+                "aliasing: nodes, groups and storages differ in length".into(),
+            ));
         }
-        let idx = nodes.iter().map(|n| self.own(n)).collect::<Result<Vec<_>>>()?;
+        let idx = nodes
+            .iter()
+            .map(|n| self.own(n))
+            .collect::<Result<Vec<_>>>()?;
         let sources = nodes.iter().map(|n| n.source.clone()).collect();
-        let spec = super::aliasing::AliasSpec { nodes: idx, sources, groups, storages };
+        let spec = super::aliasing::AliasSpec {
+            nodes: idx,
+            sources,
+            groups,
+            storages,
+        };
         let expr = spec.describe();
         self.leaf(None, LeafKind::Aliasing(Box::new(spec)), expr)
     }

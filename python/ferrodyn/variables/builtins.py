@@ -88,12 +88,7 @@ def _enumerate(tx, iterable, start=None):
 
 def _zip(tx, *iterables, strict=None):
     from ferrodyn.variables.lists import zip_iterator
-    if strict is None:
-        return zip_iterator(tx, iterables)
-    seqs = [_items(tx, it) for it in iterables]
-    if strict is not None and _const_arg(tx, strict, "zip") and len({len(s) for s in seqs}) > 1:
-        unsupported("zip(strict=True) length mismatch", BreakReason.EXCEPTION)
-    return IteratorVariable.over(TupleVariable(items=tuple(t)) for t in zip(*seqs))
+    return zip_iterator(tx, iterables, strict is not None and bool(_const_arg(tx, strict, "zip")))
 
 
 def _reversed(tx, seq):

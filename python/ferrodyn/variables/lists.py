@@ -276,16 +276,20 @@ def enumerate_iterator(tx, iterable: VariableTracker, start: int) -> IteratorVar
     return IteratorVariable(state=IterState([], step=step))
 
 
-def zip_iterator(tx, iterables) -> IteratorVariable:
-    """`zip(*iterables)` (not strict): lazy; each step pulls from the iterators in order and
-    stops at the first exhausted one, as CPython does."""
+def zip_iterator(tx, iterables, strict: bool = False) -> IteratorVariable:
+    """`zip(*iterables, strict=...)`: lazy; each step pulls from the iterators in order and
+    stops at the first exhausted one, as CPython does (strict: a length mismatch is the
+    ValueError eager raises, refused here)."""
     inners = [tx.realize(i).iterator(tx) for i in iterables]
 
     def step(tx):
         out = []
-        for it in inners:
+        for idx, it in enumerate(inners):
             item = it.next(tx)
             if item is None:
+                if strict and (idx > 0 or any(o.next(tx) is not None for o in inners[1:])):
+                    unsupported("zip(strict=True): arguments of different lengths",
+                                BreakReason.EXCEPTION)
                 return None
             out.append(item)
         return TupleVariable(items=tuple(out))
