@@ -145,15 +145,17 @@ assert torch.allclose(gm(x, w)[0], expected["out"])
 # 3. The entry function
 # ---------------------------------------------------------------------------------------------
 # On a cache hit the Rust hook does not run layer's bytecode: it calls an *entry function* with
-# the frame's argument slots. The frontend generates its source from the TraceResult: load the
-# graph inputs, call the compiled graph (with tracing fenced off inside it), rebuild the output.
+# the frame's argument slots. The frontend assembles its bytecode from the TraceResult: load the
+# graph inputs, call the compiled graph (with tracing fenced off inside it by a try/finally),
+# rebuild the output. The listing below is that bytecode.
 
 section("3. the entry function")
 from ferrodyn import codegen  # noqa: E402
 
 entry_fn = codegen.generate_entry(layer.__code__, traced, gm.forward, frame.f_globals, frame.f_builtins)
 say(entry_fn.__ferrodyn_source__)
-assert entry_fn.__ferrodyn_source__.startswith("def __ferrodyn_entry(x, w, bias):")
+assert entry_fn.__code__.co_varnames[:3] == ("x", "w", "bias")  # called with the argument slots
+assert "__ferrodyn_graph" in entry_fn.__ferrodyn_source__
 assert entry_fn.__name__ == "layer"  # tracebacks read like the user's function
 assert _C.code_flags(entry_fn.__code__) == "skip"  # the hook never intercepts an entry
 out = entry_fn(x, w, True)

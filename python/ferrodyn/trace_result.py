@@ -74,6 +74,8 @@ class TraceResult:
     graph_inputs: for each placeholder, where the entry function loads it from.
     example_inputs: the real values of the graph inputs on this call (for the backend).
     output: how to rebuild the frame's return value.
+    side_effects: what the entry evaluates for effect after the graph call.
+    graph_break: where and how the frame continues after a graph break (resume.py).
     guards: everything the trace depended on.
     """
 
@@ -83,3 +85,9 @@ class TraceResult:
     output: Out
     guards: list[GuardSpec] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # for explain(): ops, decisions
+    # Out nodes the entry evaluates, in order, for their effect only, after the graph call
+    # and before building the return value.
+    side_effects: tuple[Out, ...] = ()
+    # set when the frame continues after a graph break (a resume.GraphBreak): the entry then
+    # rebuilds the live stack and locals instead of returning `output`.
+    graph_break: Any = None
