@@ -36,8 +36,10 @@ def frame_slots(fn, args, kwargs) -> tuple:
 
 
 def trace(fn, *args, **kwargs):
+    """The whole-frame capture of `fn` (fullgraph: an unsupported construct raises instead of
+    becoming a graph break; graph breaks are tested through ferrodyn.compile)."""
     return trace_frame(fn.__code__, fn.__globals__, builtins.__dict__,
-                       frame_slots(fn, args, kwargs), fn.__closure__)
+                       frame_slots(fn, args, kwargs), fn.__closure__, fullgraph=True)
 
 
 def run_traced(result, fn, *args, **kwargs):

@@ -3,8 +3,9 @@
 Owns the entry point `trace_frame` used by the frontend (convert_frame.py): it wraps the
 frame's argument slots and closure cells as lazy trackers with Sources, runs the
 InstructionTranslator (translator.py) over the bytecode, and returns the OutputGraph's
-TraceResult. Real global state touched while tracing (grad mode, autocast) is always
-restored. Does not own compiling the graph, the guards, or the entry function (frontend).
+TraceResult (or, at a graph break, traces again up to the breaking instruction and hands
+over to resume.capture_break). Real global state touched while tracing (grad mode, autocast)
+is always restored. Does not own compiling the graph, the guards, or the entry function (frontend).
 """
 
 from __future__ import annotations
@@ -40,9 +41,15 @@ def _n_arg_slots(code: types.CodeType) -> int:
 def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: tuple,
                 closure: tuple | None, *, fullgraph: bool = False) -> TraceResult:
     """Capture the frame of `code` called with argument slots `args` (co_varnames order) and
-    closure cells `closure` (co_freevars order) as one graph. Raises `Unsupported`."""
+    closure cells `closure` (co_freevars order) as one graph. Raises `Unsupported`.
+
+    Graph breaks (not `fullgraph`): when an instruction of the root frame itself cannot be
+    captured (a call, including one into an inlined function that breaks, or a conditional
+    jump on a tensor), the frame is traced again up to that instruction and the result
+    describes a graph break (`TraceResult.graph_break`, see resume.py); when the break cannot
+    be resumed exactly, the original `Unsupported` is raised."""
     from ferrodyn.output_graph import OutputGraph
-    from ferrodyn.symbolic.translator import InstructionTranslator
+    from ferrodyn.symbolic.translator import InstructionTranslator, StopAtBreak
     from ferrodyn.variables.base import LazyVariable
     from ferrodyn.variables.functions import CellState, CellVariable
 
@@ -64,16 +71,49 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
             content = None
         cells[name] = CellVariable(state=CellState(content, existing=True))
 
-    output = OutputGraph(f_globals, f_builtins)
-    grad = torch.is_grad_enabled()
+    def _fresh(cells):  # a second trace must not see the first one's cell writes
+        return {n: CellVariable(state=CellState(c.state.content, existing=True))
+                for n, c in cells.items()}
+
+    def run(stop_at=None):
+        output = OutputGraph(f_globals, f_builtins)
+        grad, autocast = torch.is_grad_enabled(), torch.is_autocast_enabled()
+        tx = InstructionTranslator(code, f_globals, output, dict(local_vars), _fresh(cells),
+                                   GlobalSource)
+        tx.stop_at = stop_at
+        try:
+            try:
+                value = tx.run()
+            except StopAtBreak:
+                from ferrodyn.resume import capture_break
+                return capture_break(tx, stop_at_exc[0], autocast)
+            return output.build_result(tx, value)
+        except Unsupported as e:
+            e.at = (tx.ip - 1, tx.visits.get(tx.ip - 1, 0), tx)
+            raise
+        finally:
+            output.close()
+            torch._C._set_grad_enabled(grad)
+
+    stop_at_exc: list[Unsupported] = []
     try:
-        tx = InstructionTranslator(code, f_globals, output, local_vars, cells, GlobalSource)
-        value = tx.run()
-        result = output.build_result(tx, value)
-    finally:
-        output.close()
-        torch._C._set_grad_enabled(grad)
-    return result
+        return run()
+    except Unsupported as e:
+        index, visit, tx = e.at
+        del e.at
+        if fullgraph or tx.current is None:
+            raise
+        from ferrodyn.resume import breakable
+        if not breakable(tx.current.opname):
+            raise
+        # Restart: trace again up to the breaking instruction, then capture the break there.
+        stop_at_exc.append(e)
+        try:
+            return run(stop_at=(index, visit))
+        except Unsupported as again:
+            if again is e:
+                raise
+            raise e from again
 
 
 __all__ = ["trace_frame"]

@@ -3,9 +3,10 @@
 Owns the frame state of a symbolic execution (value stack, locals, cells, instruction
 pointer, pending KW_NAMES), the stepping loop, value realization (a `LazyVariable` reaching
 the stack is built, and thereby guarded, through the builder) and the user-facing location of
-an `Unsupported` (the innermost instruction's file and line). Does not own what each opcode
-does (opcodes_*.py, registered by name in registry.py), inlining policy (inline.py), or the
-graph (output_graph.py).
+an `Unsupported` (the innermost instruction's file and line). It also counts the root frame's steps per instruction and
+can stop before a given (instruction, visit) for a graph break (`StopAtBreak`). Does not own
+what each opcode does (opcodes_*.py, registered by name in registry.py), inlining policy
+(inline.py), the graph (output_graph.py) or what a break does (resume.py).
 
 Call hierarchy (each level is an override point, as in torch.fx.Interpreter):
 
@@ -38,6 +39,11 @@ MAX_INLINE_DEPTH = 48
 _RETURNED_NOTHING = object()
 
 
+class StopAtBreak(Exception):
+    """Control-flow signal (not an error): the root translator reached the instruction it was
+    asked to stop before (`stop_at`), with its state intact, for a graph break."""
+
+
 class InstructionTranslator:
     def __init__(self, code: types.CodeType, f_globals: dict, output: OutputGraph,
                  local_vars: dict[str, VariableTracker], cells: dict[str, CellVariable],
@@ -62,6 +68,10 @@ class InstructionTranslator:
         self.returned: Any = _RETURNED_NOTHING
         self.yields: list[VariableTracker] | None = None  # generator-expression collect mode
         self.graph_output = None  # set by OutputGraph.build_result
+        # graph breaks (root frame only): how often each instruction index was stepped, and
+        # (index, visit) to stop before (resume.capture_break then reads the state)
+        self.visits: dict[int, int] = {}
+        self.stop_at: tuple[int, int] | None = None
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> VariableTracker:
@@ -69,6 +79,11 @@ class InstructionTranslator:
             if self.ip >= len(self.instructions):
                 unsupported("ran off the end of the bytecode", BreakReason.OTHER)
             inst = self.instructions[self.ip]
+            if self.parent is None:
+                n = self.visits[self.ip] = self.visits.get(self.ip, 0) + 1
+                if self.stop_at is not None and self.stop_at == (self.ip, n):
+                    self.current = inst
+                    raise StopAtBreak()
             self.ip += 1
             self.current = inst
             self.step(inst)

@@ -1,0 +1,453 @@
+"""Graph breaks that resume: what happens at an instruction the converter cannot capture.
+
+Owns three things:
+- `capture_break(tx, exc)`: at the root frame's breaking instruction (the translator stopped
+  just before it), decide whether the frame's state can be rebuilt exactly, and if so turn it
+  into a `TraceResult` whose `graph_break` (a `GraphBreak`) says how the entry continues: the
+  live stack (NULLs included) and locals as `Out` specs, the grad mode at the break, the
+  instruction to run eagerly. It refuses (re-raises `exc`: the frame runs eagerly, as
+  before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one,
+  autocast changed, closures/cells, a new mutable object reachable twice, a live value it
+  cannot rebuild.
+- `resume_code(code, offset, nulls, unbound)`: the resume function's code, built with
+  `ferrodyn.bytecode` from the *original* code: a prologue takes every local of the original
+  (in co_varnames order) then the non-NULL stack values as positional arguments, deletes the
+  locals that were unbound, pushes the stack back (PUSH_NULL for NULLs) and jumps to
+  `offset`. Cached per (code, offset, stack shape, unbound locals), so recompiles reuse it.
+  Resume functions are ordinary frames for the hook: they get their own cache entries.
+- `emit_break(emitter, brk)`: the entry's instructions after the graph call: set the grad
+  mode of the break, push the resume function, the stack, run the instruction (a call, or the
+  conditional jump choosing between two resume functions), store the stack, push the locals,
+  call the resume function, return its value.
+
+Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
+(codegen.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ferrodyn import bytecode
+from ferrodyn.exc import Unsupported
+from ferrodyn.trace_result import Out, OutCall, OutConst, OutList, OutTuple, TraceResult
+
+_VERSION = sys.version_info[:2]
+_CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
+_JUMPS = frozenset(f"POP_JUMP_{d}IF_{c}" for d in ("", "FORWARD_", "BACKWARD_") for c in ("TRUE", "FALSE"))
+
+
+@dataclass
+class GraphBreak:
+    """How an entry continues after its graph: see the module docstring."""
+    code: types.CodeType
+    kind: str                          # "call" or "jump"
+    opname: str                        # the breaking instruction
+    arg: int
+    offset: int                        # its byte offset (as `dis` reports it)
+    stack: tuple[Out | None, ...]      # the whole stack before it, bottom first; None: NULL
+    iters: tuple[bool, ...]            # per stack value: an iterator passed as a tuple of its rest
+    n_inputs: int                      # how many of the top values it consumes
+    kw_names: tuple[str, ...]          # pending KW_NAMES (3.11, 3.12)
+    locals: tuple[Out | None, ...]     # co_varnames order; None: unbound
+    grad_mode: bool                    # grad mode at the break
+    grad_on_error: bool | None         # grad mode an exception leaves behind (enclosing no_grad)
+    reason: Unsupported
+    lineno: int | None
+
+
+class GradModeRestore:
+    """Stands for a grad-mode context manager's `__exit__` across a break: restores the mode
+    the `with` was entered under, never suppresses the exception."""
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc_info: Any) -> bool:
+        torch._C._set_grad_enabled(self.prev)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture (at trace time)
+# ---------------------------------------------------------------------------------------------
+
+def breakable(opname: str) -> bool:
+    return opname in _CALLS or opname in _JUMPS
+
+
+def _refuse(exc: Unsupported, why: str):
+    exc.add_note(f"ferrodyn: not resuming after this break: {why}") if hasattr(exc, "add_note") else None
+    raise exc
+
+
+def _n_inputs(inst) -> int:
+    if inst.opname == "CALL":
+        return inst.arg + 2
+    if inst.opname == "CALL_KW":
+        return inst.arg + 3
+    if inst.opname == "CALL_FUNCTION_EX":
+        return 3 + (inst.arg & 1)
+    return 1  # conditional jump: the condition
+
+
+def _with_levels(code: types.CodeType, offset: int) -> int | None:
+    """How many `with` blocks enclose the instruction at `offset`, when every exception
+    handler around it is a `with` cleanup; None when a `try` handler encloses it."""
+    insts = bytecode.decode(code)
+    index = {id(i): k for k, i in enumerate(insts)}
+    inst = _inst_at(insts, offset)
+    h = inst.exn
+    levels = 0
+    while h is not None:
+        k = index[id(h.target)]
+        if not (insts[k].opname == "PUSH_EXC_INFO" and k + 1 < len(insts)
+                and insts[k + 1].opname == "WITH_EXCEPT_START"):
+            return None
+        levels += 1
+        cleanup = h.target.exn  # the handler of the with-cleanup code: COPY 3; POP_EXCEPT; RERAISE
+        h = cleanup.target.exn if cleanup is not None else None
+    return levels
+
+
+def _inst_at(insts, offset: int):
+    """The assembler instruction whose code units contain byte `offset`."""
+    best = None
+    for i in insts:
+        if i.offset <= offset:
+            best = i
+        else:
+            break
+    return best
+
+
+def _rebuild_value(tx, v, exc: Unsupported):
+    """A tracker the entry can reconstruct standing for live value `v` (grad-mode exits and
+    tensor methods become reconstructible stand-ins)."""
+    from ferrodyn.variables.constant import ConstantVariable
+    from ferrodyn.variables.ctx_managers import GradModeVariable
+    from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+    from ferrodyn.variables.tensor import TensorMethodVariable
+
+    if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf):
+        if v.func.name == "__exit__" and isinstance(v.obj, GradModeVariable):
+            return ConstantVariable(value=GradModeRestore(bool(v.obj.state.prev)))
+        _refuse(exc, f"a live {v.describe()} (only grad-mode `with` blocks are re-entered)")
+    if isinstance(v, TensorMethodVariable):
+        tensor, name = v.tensor, v.name
+        return _Rebuilt(lambda tx2: OutCall(getattr, (tx2.realize(tensor).reconstruct(tx2),
+                                                      OutConst(name))))
+    return v
+
+
+class _Rebuilt:
+    """A value rebuilt by `make(tx) -> Out` (stands in for a tracker in `_reconstruct`)."""
+
+    def __init__(self, make):
+        self.make = make
+
+
+def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
+    from ferrodyn.variables.dicts import DictVariable
+    from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
+
+    if isinstance(v, TupleVariable):
+        for item in v.items:
+            _mutable_identities(item, seen, lists, exc)
+        return
+    state = getattr(v, "state", None)
+    if state is None or (getattr(v, "source", None) is not None and getattr(state, "existing", False)):
+        return
+    key = id(state)
+    if key in seen:
+        _refuse(exc, f"{v.describe()} is reachable twice from the live values")
+    seen[key] = v
+    if isinstance(v, ListVariable):
+        lists.add(id(state.items))
+        for item in state.items:
+            _mutable_identities(item, seen, lists, exc)
+    elif isinstance(v, DictVariable):
+        for item in state.items.values():
+            _mutable_identities(item, seen, lists, exc)
+    elif isinstance(v, IteratorVariable):
+        for item in state.items[state.index:]:
+            _mutable_identities(item, seen, lists, exc)
+
+
+def _reconstruct(tx, v, on_stack: bool) -> Out:
+    """Out spec of live value `v`. An iterator on the stack (a `for` loop's) is passed as a
+    tuple of its remaining items, turned back into an iterator by the resume prologue (so
+    the resume frame traces it like any tuple); elsewhere it is rebuilt as `iter([...])`."""
+    from ferrodyn.variables.lists import IteratorVariable
+    if isinstance(v, _Rebuilt):
+        return v.make(tx)
+    if isinstance(v, IteratorVariable):
+        st = v.state
+        rest = tuple(tx.realize(i).reconstruct(tx) for i in st.items[st.index:])
+        return OutTuple(rest) if on_stack else OutCall(iter, (OutList(rest),))
+    return tx.realize(v).reconstruct(tx)
+
+
+def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
+    """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
+    before it). Re-raises `exc` when the break cannot be resumed exactly."""
+    from ferrodyn.variables.base import NullVariable
+    from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+
+    # A break inside a resume function resumes the *original* code (so loops do not nest
+    # resume functions): offsets map back by the prologue's length; the prologue's stack
+    # arguments are dead locals by now.
+    code, shift = origin(tx.code)
+    inst = tx.instructions[tx.ip]
+    offset = inst.offset - shift
+    if not breakable(inst.opname):
+        _refuse(exc, f"breaks at {inst.opname} do not resume")
+    if code.co_cellvars or code.co_freevars:
+        _refuse(exc, "the frame has closure cells")
+    if tx.kw_names and _VERSION >= (3, 13):
+        _refuse(exc, "pending keyword names")
+    n_in = _n_inputs(inst)
+    if len(tx.stack) < n_in:
+        _refuse(exc, "the stack is shorter than the instruction's inputs")
+    levels = _with_levels(code, offset)
+    if levels is None:
+        _refuse(exc, "the instruction is inside a try block")
+    if torch.is_autocast_enabled() != autocast_at_entry:
+        _refuse(exc, "autocast state changed before the break")
+    stack = [tx.realize(v) for v in tx.stack]
+    n_exits = 0
+    outer_prev = None
+    rebuilt_stack = []
+    for v in stack:
+        r = _rebuild_value(tx, v, exc)
+        if r is not v and not isinstance(r, _Rebuilt):
+            n_exits += 1
+            if outer_prev is None:
+                outer_prev = r.value.prev
+        rebuilt_stack.append(r)
+    if n_exits != levels:
+        _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
+    names = code.co_varnames
+    local_vals = [tx.locals.get(n) for n in names]
+    seen: dict = {}
+    lists: set = set()
+    for v in [*rebuilt_stack, *local_vals]:
+        if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
+            _mutable_identities(v, seen, lists, exc)
+    for v in seen.values():
+        if isinstance(v, IteratorVariable) and id(v.state.items) in lists:
+            _refuse(exc, "an iterator over a list that is itself live")
+
+    # One build_result over every live value, so graph outputs are shared and deduplicated.
+    live = [(v, True) for v in rebuilt_stack if not isinstance(v, NullVariable)]
+    live += [(v, False) for v in local_vals if v is not None]
+    outs_box: list[Out] = []
+
+    class _Live(TupleVariable):
+        def reconstruct(self, tx2):
+            outs_box.extend(_reconstruct(tx2, v, on_stack) for v, on_stack in live)
+            return OutConst(None)
+
+    try:
+        result = tx.output.build_result(tx, _Live(items=()))
+    except Unsupported as e:
+        _refuse(exc, f"cannot rebuild a live value: {e.construct}")
+    outs = iter(outs_box)
+    stack_outs = tuple(None if isinstance(v, NullVariable) else next(outs) for v in rebuilt_stack)
+    iters = tuple(isinstance(v, IteratorVariable) for v in rebuilt_stack)
+    local_outs = tuple(None if v is None else next(outs) for v in local_vals)
+    result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
+    result.graph_break = GraphBreak(
+        code=code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
+        arg=inst.arg or 0, offset=offset, stack=stack_outs, iters=iters, n_inputs=n_in,
+        kw_names=tuple(tx.kw_names), locals=local_outs, grad_mode=torch.is_grad_enabled(),
+        grad_on_error=outer_prev, reason=exc, lineno=inst.lineno)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume functions
+# ---------------------------------------------------------------------------------------------
+
+_STACK = "__ferrodyn_stack"
+_RESUME_CODES: "weakref.WeakKeyDictionary[types.CodeType, dict]" = weakref.WeakKeyDictionary()
+_ORIGIN: "weakref.WeakKeyDictionary[types.CodeType, tuple]" = weakref.WeakKeyDictionary()
+
+
+NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
+
+
+def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
+                unbound: frozenset[int]) -> types.CodeType:
+    """The code of the resume function continuing `code` at the instruction at byte `offset`
+    with a stack of `len(shape)` slots (NULL, VALUE, or ITER: an iterator over the tuple
+    passed) and the locals `unbound` unset."""
+    per_code = _RESUME_CODES.setdefault(code, {})
+    key = (offset, shape, unbound)
+    hit = per_code.get(key)
+    if hit is not None:
+        return hit
+    insts = bytecode.decode(code)
+    target = next((i for i in insts if i.offset == offset), None)
+    if target is None:
+        raise ValueError(f"resume_code: no instruction at byte {offset} of {code.co_name}")
+    b = bytecode.CodeBuilder(consts=code.co_consts, names=code.co_names,
+                             varnames=code.co_varnames, positions=target.positions)
+    n_stack = sum(1 for kind in shape if kind != NULL)
+    stack_names = [f"{_STACK}{k}" for k in range(n_stack)]
+    assert not set(stack_names) & set(code.co_varnames), "resume_code of a resume code"
+    for n in stack_names:
+        b.local(n)
+    prologue = [b.resume()]
+    prologue += [b.inst("DELETE_FAST", i) for i in sorted(unbound)]
+    k = 0
+    for kind in shape:
+        if kind == NULL:
+            prologue.append(b.inst("PUSH_NULL"))
+            continue
+        prologue.append(b.load_fast(stack_names[k]))
+        if kind == ITER:
+            prologue.append(b.inst("GET_ITER"))
+        k += 1
+    prologue.append(b.inst("JUMP", target=target))
+    line = target.lineno or code.co_firstlineno
+    name = f"ferrodyn_resume_in_{code.co_name}_at_{line}"
+    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    new = bytecode.assemble(
+        prologue + insts, code, co_argcount=len(b.varnames), co_posonlyargcount=0,
+        co_kwonlyargcount=0, co_varnames=tuple(b.varnames), co_nlocals=len(b.varnames),
+        co_consts=tuple(b.consts), co_names=tuple(b.names), co_flags=flags, co_name=name,
+        co_qualname=f"{code.co_qualname}.<{name}>")
+    shift = bytecode.decode(new)[len(prologue)].offset - insts[0].offset
+    _ORIGIN[new] = (code, shift)
+    per_code[key] = new
+    return new
+
+
+def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
+    """(original code, byte shift) of a resume code: its instructions after the prologue are
+    the original's, byte for byte, `shift` bytes later. (code, 0) for any other code."""
+    return _ORIGIN.get(code, (code, 0))
+
+
+def _resume_function(e, brk: GraphBreak, offset: int, shape: tuple[int, ...]):
+    unbound = frozenset(i for i, v in enumerate(brk.locals) if v is None)
+    code = resume_code(brk.code, offset, shape, unbound)
+    f_globals = e.globals["__ferrodyn_G"]
+    return types.FunctionType(code, f_globals, code.co_name)
+
+
+def _next_offset(code: types.CodeType, offset: int) -> int:
+    insts = bytecode.decode(code)
+    for k, i in enumerate(insts):
+        if i.offset <= offset < (insts[k + 1].offset if k + 1 < len(insts) else 1 << 62):
+            return insts[k + 1].offset
+    raise ValueError(f"no instruction after byte {offset} of {code.co_name}")
+
+
+def _jump_target_offset(code: types.CodeType, offset: int) -> int:
+    return _inst_at(bytecode.decode(code), offset).target.offset
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry's continuation
+# ---------------------------------------------------------------------------------------------
+
+def _set_grad(e, mode: bool) -> None:
+    e.load_callable(torch._C._set_grad_enabled)
+    e.load_value(bool(mode))
+    e.call(1)
+    e.emit(e.inst("POP_TOP"))
+
+
+def _call_resume(e, brk: GraphBreak, n_stack: int) -> None:
+    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack), return."""
+    temps = [e.temp("s") for _ in range(n_stack)]
+    for t in reversed(temps):
+        e.emit(e.b.store_fast(t))
+    for v in brk.locals:
+        if v is None:
+            e.emit(e.b.load_const(None))
+        else:
+            e.emit_out(v)
+    for t in temps:
+        e.emit(e.b.load_fast(t))
+    e.call(len(brk.locals) + n_stack)
+    e.ret()
+
+
+def _push(e, values) -> None:
+    for v in values:
+        if v is not None:
+            e.emit_out(v)
+
+
+def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
+    _set_grad(e, brk.grad_mode)
+    n_low = len(brk.stack) - brk.n_inputs
+    lower, inputs = brk.stack[:n_low], brk.stack[n_low:]
+    if any(brk.iters[n_low:]):
+        raise TypeError("codegen: an iterator among a breaking instruction's inputs")
+    nulls = tuple(NULL if v is None else ITER if it else VALUE
+                  for v, it in zip(lower, brk.iters))
+    n_lower = sum(1 for v in lower if v is not None)
+    if brk.kind == "call":
+        fn = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls + (VALUE,))
+        e.load_callable(fn)
+        _push(e, lower)
+        for v in inputs:
+            if v is None:
+                e.emit(e.inst("PUSH_NULL"))
+            else:
+                e.emit_out(v)
+        start = len(e.insts)
+        if brk.opname == "CALL":
+            e.call(brk.arg, brk.kw_names)
+        else:
+            e.emit(e.inst(brk.opname, brk.arg))
+        if brk.grad_on_error is not None:
+            _protect(e, start, brk.grad_on_error)
+        _call_resume(e, brk, n_lower + 1)
+        return
+    # a conditional jump on a value only known when the graph has run
+    fn_next = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls)
+    fn_jump = _resume_function(e, brk, _jump_target_offset(brk.code, brk.offset), nulls)
+    e.emit_out(inputs[0])
+    if _VERSION >= (3, 13):
+        e.emit(e.inst("TO_BOOL"))
+    jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
+    e.emit(jump)
+    e.load_callable(fn_next)
+    _push(e, lower)
+    _call_resume(e, brk, n_lower)
+    first = len(e.insts)
+    e.load_callable(fn_jump)
+    jump.target = e.insts[first]
+    _push(e, lower)
+    _call_resume(e, brk, n_lower)
+
+
+def _protect(e, start: int, grad_mode: bool) -> None:
+    """An exception from the instructions since `start` leaves grad mode as the enclosing
+    `with` blocks would (`grad_mode`), then propagates."""
+    handler = [e.inst("PUSH_EXC_INFO")]
+    e_insts = e.insts
+    e.insts = handler
+    _set_grad(e, grad_mode)
+    e.insts = e_insts
+    handler.append(e.inst("RERAISE", 0))
+    cleanup = [e.inst("COPY", 3), e.inst("POP_EXCEPT"), e.inst("RERAISE", 1)]
+    on_error = bytecode.ExnHandler(handler[0], 0, False)
+    on_cleanup = bytecode.ExnHandler(cleanup[0], 1, True)
+    for i in e.insts[start:]:
+        i.exn = on_error
+    for i in handler:
+        i.exn = on_cleanup
+    e.tail += handler + cleanup
