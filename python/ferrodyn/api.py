@@ -104,9 +104,9 @@ class ExplainOutput:
     def on_graph(self, record) -> None:
         brk = getattr(record.result, "graph_break", None)
         if brk is not None:
-            e = brk.reason
-            where = f"{e.filename}:{e.lineno}" if e.filename is not None else brk.code.co_filename
-            self.break_reasons.append(f"{brk.code.co_qualname} ({where}): graph break: {e}")
+            # where the frame breaks (its call or jump); the reason names the innermost line
+            where = f"{brk.code.co_filename}:{brk.lineno}"
+            self.break_reasons.append(f"{brk.code.co_qualname} ({where}): graph break: {brk.reason}")
             if not convert_frame.graph_ops(record.graph):
                 return  # nothing captured before the break: no graph (as torch.compile)
         self.graphs.append(record.graph)

@@ -140,6 +140,10 @@ def _rebuild_value(tx, v, exc: Unsupported):
         if v.func.name == "__exit__" and isinstance(v.obj, GradModeVariable):
             return ConstantVariable(value=GradModeRestore(bool(v.obj.state.prev)))
         _refuse(exc, f"a live {v.describe()} (only grad-mode `with` blocks are re-entered)")
+    if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again
+        func, obj = v.func, v.obj
+        return _Rebuilt(lambda tx2: OutCall(types.MethodType, (tx2.realize(func).reconstruct(tx2),
+                                                               tx2.realize(obj).reconstruct(tx2))))
     if isinstance(v, TensorMethodVariable):
         tensor, name = v.tensor, v.name
         return _Rebuilt(lambda tx2: OutCall(getattr, (tx2.realize(tensor).reconstruct(tx2),
