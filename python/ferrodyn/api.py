@@ -102,7 +102,7 @@ class ExplainOutput:
 
     # recorder protocol (convert_frame.recorders)
     def on_graph(self, record) -> None:
-        brk = getattr(record.result, "graph_break", None)
+        brk = getattr(getattr(record, "result", None), "graph_break", None)
         if brk is not None:
             # where the frame breaks (its call or jump); the reason names the innermost line
             where = f"{brk.code.co_filename}:{brk.lineno}"
