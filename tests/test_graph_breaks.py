@@ -126,7 +126,7 @@ class Branchy(torch.nn.Module):
 
 
 @pytest.mark.parametrize("fn,graphs", [
-    (print_between, 2), (item_if, None), (tensor_if, None), (calls_printing_helper, 4),
+    (print_between, 2), (item_if, None), (tensor_if, None), (calls_printing_helper, 3),
     (explicit_break, 2),
 ])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
@@ -287,3 +287,71 @@ def test_data_dependent_if_inside_a_loop_with_recompiles():
 
     for x in (torch.ones(3), -torch.ones(3), torch.full((3,), 2.0)):
         both(f, x, at_most_torch=False)
+
+
+# -- breaks inside inlined calls (nested): every level resumes ----------------------------------
+
+def inner_no_grad(h):
+    h = h * 2
+    with torch.no_grad():
+        k = h + 1
+        torch._dynamo.graph_break()
+        k = k * h
+    return k - h
+
+
+def middle(h, n: int):
+    acc = h
+    for i in range(n):
+        acc = acc + i
+    return inner_no_grad(acc) + 1
+
+
+def outer(x):
+    y = x.cos()
+    z = middle(y, 2)
+    return z.sum(), y
+
+
+def test_nested_break_resumes_every_level():
+    for x in (torch.randn(3), torch.randn(3, requires_grad=True)):
+        ours, theirs = both(outer, x)
+        # one graph before the break, then one per level's resume function
+        assert ours.count == 4 and theirs.count == 6
+    assert torch.is_grad_enabled()
+
+
+def test_nested_break_error_restores_grad_mode():
+    def boom(h):
+        with torch.no_grad():
+            h = h * 2
+            raise_it()
+        return h
+
+    def raise_it():
+        raise KeyError("inner")
+
+    def f(x):
+        return boom(x + 1) * 3
+
+    with pytest.raises(KeyError, match="inner"):
+        ferrodyn.compile(f, backend=CountingBackend())(torch.randn(2))
+    assert torch.is_grad_enabled()
+
+
+def test_module_method_that_prints_resumes_both_levels(capsys):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def helper(self, h):
+            print("helper")
+            return h * 2
+
+        def forward(self, x):
+            return self.helper(self.fc(x)).relu()
+
+    torch.manual_seed(0)
+    ours, theirs = both(M(), torch.randn(2, 3))
+    assert ours.count == 3 and theirs.count == 3

@@ -1,14 +1,17 @@
 """Graph breaks that resume: what happens at an instruction the converter cannot capture.
 
 Owns three things:
-- `capture_break(tx, exc)`: at the root frame's breaking instruction (the translator stopped
-  just before it), decide whether the frame's state can be rebuilt exactly, and if so turn it
-  into a `TraceResult` whose `graph_break` (a `GraphBreak`) says how the entry continues: the
-  live stack (NULLs included) and locals as `Out` specs, the grad mode at the break, the
-  instruction to run eagerly. It refuses (re-raises `exc`: the frame runs eagerly, as
-  before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one,
-  autocast changed, closures/cells, a new mutable object reachable twice, a live value it
-  cannot rebuild.
+- `capture_break(tx, exc)`: at the breaking instruction (the translator stopped just before
+  it; when it is inside inlined calls, every enclosing translator is stopped inside its call),
+  decide whether the state of every level can be rebuilt exactly, and if so turn it into a
+  `TraceResult` whose `graph_break` (a `GraphBreak`, with an `OuterFrame` per enclosing
+  level) says how the entry continues: the live stack (NULLs included) and locals as `Out`
+  specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
+  `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
+  as before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one
+  (or any `with` around an inlined call), autocast changed, closures/cells, a new mutable
+  object reachable twice, a live value it cannot rebuild, an enclosing call that is not a
+  plain call of a user function.
 - `resume_code(code, offset, nulls, unbound)`: the resume function's code, built with
   `ferrodyn.bytecode` from the *original* code: a prologue takes every local of the original
   (in co_varnames order) then the non-NULL stack values as positional arguments, deletes the
@@ -18,7 +21,8 @@ Owns three things:
 - `emit_break(emitter, brk)`: the entry's instructions after the graph call: set the grad
   mode of the break, push the resume function, the stack, run the instruction (a call, or the
   conditional jump choosing between two resume functions), store the stack, push the locals,
-  call the resume function, return its value.
+  call the resume function; for nested breaks, push its result onto each enclosing level's
+  stack and call that level's resume function, innermost first; return the root's value.
 
 Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
 (codegen.py).
@@ -61,6 +65,8 @@ class GraphBreak:
     grad_on_error: bool | None         # grad mode an exception leaves behind (enclosing no_grad)
     reason: Unsupported
     lineno: int | None
+    f_globals: dict | None = None      # the globals of `code` (an inlined function's own)
+    outer: tuple = ()                  # OuterFrame per enclosing frame, root first (nested breaks)
 
 
 class GradModeRestore:
@@ -88,7 +94,7 @@ def _refuse(exc: Unsupported, why: str):
     raise exc
 
 
-def _n_inputs(inst) -> int:
+def n_inputs(inst) -> int:
     if inst.opname == "CALL":
         return inst.arg + 2
     if inst.opname == "CALL_KW":
@@ -199,59 +205,110 @@ def _reconstruct(tx, v, on_stack: bool) -> Out:
     return tx.realize(v).reconstruct(tx)
 
 
+@dataclass
+class OuterFrame:
+    """A frame that inlined the call the break happened in (nested graph breaks): it
+    continues, in its own resume function, after its call at `offset`, with the inner
+    frames' result pushed on `stack`."""
+    code: types.CodeType
+    offset: int
+    f_globals: dict
+    stack: tuple[Out | None, ...]
+    iters: tuple[bool, ...]
+    locals: tuple[Out | None, ...]
+
+
+class _Level:
+    """The live state of one frame at the break, before reconstruction."""
+
+    def __init__(self, tx, exc: Unsupported, innermost: bool):
+        from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
+        self.tx = tx
+        self.code, shift = origin(tx.code)
+        inst = tx.instructions[tx.ip] if innermost else tx.current
+        self.inst = inst
+        self.offset = inst.offset - shift
+        if self.code.co_cellvars or self.code.co_freevars:
+            _refuse(exc, f"{self.code.co_name} has closure cells")
+        if not innermost:
+            # the call that inlined the next level must be a plain call of that function, so
+            # that its result is exactly what the inner frames return
+            callee = _callee(tx.stop_call_inputs or [], inst)
+            callee = tx.realize(callee) if callee is not None else None
+            if isinstance(callee, BoundMethodVariable):
+                callee = tx.realize(callee.func)
+            if not (inst.opname in ("CALL", "CALL_KW") and isinstance(callee, UserFunctionVariable)):
+                _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
+                             "inlines more than one plain call")
+        levels = _with_levels(self.code, self.offset)
+        if levels is None:
+            _refuse(exc, f"the call in {self.code.co_name} is inside a try block")
+        self.stack = []
+        self.exits = []
+        for v in tx.stack:
+            r = _rebuild_value(tx, tx.realize(v), exc)
+            if _is_grad_exit(r):
+                self.exits.append(r.value.prev)
+            self.stack.append(r)
+        if len(self.exits) != levels:
+            _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
+        self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
+
+
+def _is_grad_exit(v) -> bool:
+    """Whether rebuilt value `v` stands for a grad-mode `with` block's `__exit__`."""
+    return isinstance(getattr(v, "value", None), GradModeRestore)
+
+
+def _callee(inputs, inst):
+    from ferrodyn.variables.base import NullVariable
+    if len(inputs) < 2:
+        return None
+    first, second = inputs[0], inputs[1]
+    return second if isinstance(first, NullVariable) else first
+
+
 def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
     """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
-    before it). Re-raises `exc` when the break cannot be resumed exactly."""
+    before it; tx's parents, if any, are inside the calls that inlined it). Re-raises `exc`
+    when the break cannot be resumed exactly."""
     from ferrodyn.variables.base import NullVariable
     from ferrodyn.variables.lists import IteratorVariable, TupleVariable
 
-    # A break inside a resume function resumes the *original* code (so loops do not nest
-    # resume functions): offsets map back by the prologue's length; the prologue's stack
-    # arguments are dead locals by now.
-    code, shift = origin(tx.code)
     inst = tx.instructions[tx.ip]
-    offset = inst.offset - shift
     if not breakable(inst.opname):
         _refuse(exc, f"breaks at {inst.opname} do not resume")
-    if code.co_cellvars or code.co_freevars:
-        _refuse(exc, "the frame has closure cells")
     if tx.kw_names and _VERSION >= (3, 13):
         _refuse(exc, "pending keyword names")
-    n_in = _n_inputs(inst)
+    n_in = n_inputs(inst)
     if len(tx.stack) < n_in:
         _refuse(exc, "the stack is shorter than the instruction's inputs")
-    levels = _with_levels(code, offset)
-    if levels is None:
-        _refuse(exc, "the instruction is inside a try block")
     if torch.is_autocast_enabled() != autocast_at_entry:
         _refuse(exc, "autocast state changed before the break")
-    stack = [tx.realize(v) for v in tx.stack]
-    n_exits = 0
-    outer_prev = None
-    rebuilt_stack = []
-    for v in stack:
-        r = _rebuild_value(tx, v, exc)
-        if r is not v and not isinstance(r, _Rebuilt):
-            n_exits += 1
-            if outer_prev is None:
-                outer_prev = r.value.prev
-        rebuilt_stack.append(r)
-    if n_exits != levels:
-        _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
-    names = code.co_varnames
-    local_vals = [tx.locals.get(n) for n in names]
+    chain = []
+    t = tx
+    while t is not None:
+        chain.insert(0, t)
+        t = t.parent
+    levels = [_Level(t, exc, t is tx) for t in chain]
+    if any(lv.exits for lv in levels[:-1]):
+        _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")
+    inner = levels[-1]
     seen: dict = {}
     lists: set = set()
-    for v in [*rebuilt_stack, *local_vals]:
-        if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
-            _mutable_identities(v, seen, lists, exc)
+    for lv in levels:
+        for v in [*lv.stack, *lv.locals]:
+            if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
+                _mutable_identities(v, seen, lists, exc)
     for v in seen.values():
         if isinstance(v, IteratorVariable) and id(v.state.items) in lists:
             _refuse(exc, "an iterator over a list that is itself live")
 
     # One build_result over every live value, so graph outputs are shared and deduplicated.
-    live = [(v, True) for v in rebuilt_stack if not isinstance(v, NullVariable)]
-    live += [(v, False) for v in local_vals if v is not None]
+    live = []
+    for lv in levels:
+        live += [(v, True) for v in lv.stack if not isinstance(v, NullVariable)]
+        live += [(v, False) for v in lv.locals if v is not None]
     outs_box: list[Out] = []
 
     class _Live(TupleVariable):
@@ -260,19 +317,26 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
             return OutConst(None)
 
     try:
-        result = tx.output.build_result(tx, _Live(items=()))
+        result = tx.output.build_result(chain[0], _Live(items=()))
     except Unsupported as e:
         _refuse(exc, f"cannot rebuild a live value: {e.construct}")
     outs = iter(outs_box)
-    stack_outs = tuple(None if isinstance(v, NullVariable) else next(outs) for v in rebuilt_stack)
-    iters = tuple(isinstance(v, IteratorVariable) for v in rebuilt_stack)
-    local_outs = tuple(None if v is None else next(outs) for v in local_vals)
+    frames = []
+    for lv in levels:
+        stack_outs = tuple(None if isinstance(v, NullVariable) else next(outs) for v in lv.stack)
+        iters = tuple(isinstance(v, IteratorVariable) for v in lv.stack)
+        local_outs = tuple(None if v is None else next(outs) for v in lv.locals)
+        frames.append(OuterFrame(lv.code, lv.offset, lv.tx.f_globals, stack_outs, iters, local_outs))
+    f = frames[-1]
+    if any(f.iters[len(f.stack) - n_in:]):
+        _refuse(exc, "an iterator among the breaking instruction's inputs")
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
     result.graph_break = GraphBreak(
-        code=code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
-        arg=inst.arg or 0, offset=offset, stack=stack_outs, iters=iters, n_inputs=n_in,
-        kw_names=tuple(tx.kw_names), locals=local_outs, grad_mode=torch.is_grad_enabled(),
-        grad_on_error=outer_prev, reason=exc, lineno=inst.lineno)
+        code=f.code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
+        arg=inst.arg or 0, offset=f.offset, stack=f.stack, iters=f.iters, n_inputs=n_in,
+        kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=torch.is_grad_enabled(),
+        grad_on_error=inner.exits[0] if inner.exits else None, reason=exc, lineno=inst.lineno,
+        f_globals=f.f_globals, outer=tuple(frames[:-1]))
     return result
 
 
@@ -341,10 +405,11 @@ def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
     return _ORIGIN.get(code, (code, 0))
 
 
-def _resume_function(e, brk: GraphBreak, offset: int, shape: tuple[int, ...]):
+def _resume_function(e, brk, offset: int, shape: tuple[int, ...]):
+    """The resume function of `brk` (a GraphBreak or an OuterFrame) continuing at `offset`."""
     unbound = frozenset(i for i, v in enumerate(brk.locals) if v is None)
     code = resume_code(brk.code, offset, shape, unbound)
-    f_globals = e.globals["__ferrodyn_G"]
+    f_globals = brk.f_globals if brk.f_globals is not None else e.globals["__ferrodyn_G"]
     return types.FunctionType(code, f_globals, code.co_name)
 
 
@@ -371,8 +436,9 @@ def _set_grad(e, mode: bool) -> None:
     e.emit(e.inst("POP_TOP"))
 
 
-def _call_resume(e, brk: GraphBreak, n_stack: int) -> None:
-    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack), return."""
+def _call_resume(e, brk, n_stack: int, ret: bool = True) -> None:
+    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack); then
+    continue the enclosing frames (nested breaks) with its result, and return."""
     temps = [e.temp("s") for _ in range(n_stack)]
     for t in reversed(temps):
         e.emit(e.b.store_fast(t))
@@ -384,6 +450,18 @@ def _call_resume(e, brk: GraphBreak, n_stack: int) -> None:
     for t in temps:
         e.emit(e.b.load_fast(t))
     e.call(len(brk.locals) + n_stack)
+    if not ret:
+        return
+    for frame in reversed(getattr(brk, "outer", ())):
+        r = e.temp("r")
+        e.emit(e.b.store_fast(r))
+        nulls = tuple(NULL if v is None else ITER if it else VALUE
+                      for v, it in zip(frame.stack, frame.iters))
+        e.load_callable(_resume_function(e, frame, _next_offset(frame.code, frame.offset),
+                                         nulls + (VALUE,)))
+        _push(e, frame.stack)
+        e.emit(e.b.load_fast(r))
+        _call_resume(e, frame, sum(1 for v in frame.stack if v is not None) + 1, ret=False)
     e.ret()
 
 

@@ -84,36 +84,35 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
         try:
             try:
                 value = tx.run()
-            except StopAtBreak:
+            except StopAtBreak as stop:
                 from ferrodyn.resume import capture_break
-                return capture_break(tx, stop_at_exc[0], autocast)
+                return capture_break(stop.tx, first_exc[0], autocast)
             return output.build_result(tx, value)
-        except Unsupported as e:
-            e.at = (tx.ip - 1, tx.visits.get(tx.ip - 1, 0), tx)
-            raise
         finally:
             output.close()
             torch._C._set_grad_enabled(grad)
 
-    stop_at_exc: list[Unsupported] = []
+    first_exc: list[Unsupported] = []
     try:
         return run()
     except Unsupported as e:
-        index, visit, tx = e.at
-        del e.at
-        if fullgraph or tx.current is None:
+        path = e.__dict__.pop("break_path", None) or []
+        if fullgraph or not path:
             raise
         from ferrodyn.resume import breakable
-        if not breakable(tx.current.opname):
-            raise
-        # Restart: trace again up to the breaking instruction, then capture the break there.
-        stop_at_exc.append(e)
-        try:
-            return run(stop_at=(index, visit))
-        except Unsupported as again:
-            if again is e:
-                raise
-            raise e from again
+        # Restart: trace again up to the breaking instruction and capture the break there:
+        # inside the inlined calls (every level resumes), else at the root frame's call.
+        stops = [[(t.code, index, visit) for t, index, visit in p]
+                 for p in ([path, path[:1]] if len(path) > 1 else [path])
+                 if breakable(p[-1][0].instructions[p[-1][1]].opname)]
+        first_exc.append(e)
+        for stop in stops:
+            try:
+                return run(stop_at=stop)
+            except Unsupported as again:
+                if again is not e:
+                    e.__dict__.setdefault("resume_refusals", []).append(str(again))
+        raise
 
 
 __all__ = ["trace_frame"]
