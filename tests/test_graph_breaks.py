@@ -355,3 +355,21 @@ def test_module_method_that_prints_resumes_both_levels(capsys):
     torch.manual_seed(0)
     ours, theirs = both(M(), torch.randn(2, 3))
     assert ours.count == 3 and theirs.count == 3
+
+
+def test_a_graph_whose_outputs_are_unused_still_runs_its_in_place_ops():
+    """(A wrong value found on the way: the entry skipped a graph none of whose outputs was
+    returned, dropping in-place updates of the inputs; a resumed frame often ends that way.)"""
+    def f(x, y):
+        x.add_(y)
+        y.mul_(2)
+
+    xs, ys = [torch.zeros(3) for _ in range(3)], [torch.ones(3) for _ in range(3)]
+    f(xs[0], ys[0])
+    ours, theirs = CountingBackend(), CountingBackend()
+    assert ferrodyn.compile(f, backend=ours)(xs[1], ys[1]) is None
+    torch.compile(f, backend=theirs)(xs[2], ys[2])
+    for x, y in zip(xs[1:], ys[1:]):
+        torch.testing.assert_close(x, xs[0])
+        torch.testing.assert_close(y, ys[0])
+    assert ours.count == theirs.count == 1
