@@ -95,3 +95,36 @@ def test_hundreds_of_graph_inputs_and_outputs():
     xs = [torch.tensor([float(i)]) for i in range(n)]
     got = fn(xs, None)
     assert len(got) == n and all(torch.equal(g, -x) for g, x in zip(got, xs))
+
+
+def test_exported_sources_are_loaded_from_the_extra_parameters():
+    src = AttrSource(LocalSource(1, "log"), "weight")
+    r = TraceResult(_graph(2, lambda g, a, b: [g.call_function(torch.add, (a, b))]),
+                    [LocalSource(0, "x"), src], [], OutGraph(0))
+    fn = codegen.generate_entry(user.__code__, r, r.graph.forward, globals(), _builtins(),
+                                exported=[src])
+    # the exported value wins over reading log.weight again
+    ns = types.SimpleNamespace(weight=torch.full((2,), 100.0))
+    got = fn(torch.ones(2), ns, torch.full((2,), 2.0))
+    assert torch.equal(got, torch.full((2,), 3.0))
+
+
+def test_shared_values_are_evaluated_once_and_are_the_same_object(monkeypatch):
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Shared:  # the shape of trace_result.OutShared (side-effects work)
+        key: int
+        value: object
+
+    monkeypatch.setitem(codegen.OUT_RENDERERS, Shared, codegen._out_shared)
+    calls = []
+
+    def make():
+        calls.append(1)
+        return []
+
+    s = Shared(0, OutCall(make, ()))
+    r = TraceResult(_graph(0, lambda g: []), [], [], OutTuple((s, s, OutConst(1))))
+    got = codegen.generate_entry(user.__code__, r, None, globals(), _builtins())(None, None)
+    assert got[0] is got[1] and got[2] == 1 and calls == [1]

@@ -14,7 +14,8 @@ original's file name, name, qualified name and first line, so tracebacks read li
 function. Does not trace, compile graphs or build guards.
 
 The Rust hook calls the entry positionally: `entry(*argument_slots, *closure_cells)` (see
-`_C.CacheEntry`).
+`_C.CacheEntry`), followed by the `exported` sources' values where the guard tree hands some
+over.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import dis
 import inspect
 import io
 from types import CodeType, FunctionType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ferrodyn import _C
+from ferrodyn import trace_result as _trace_result
 from ferrodyn.bytecode import CodeBuilder, ExnHandler, Inst, Positions, assemble
 from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, CodegenEnv, DictOfSource,
                              GlobalSource, ItemSource, LenSource, LocalSource, Source,
@@ -67,7 +69,8 @@ class EntryEmitter:
     which parameter holds argument slot i / closure cell j of the original frame."""
 
     def __init__(self, code: CodeType, params: list[str], local_names: dict[int, str],
-                 cell_names: dict[int, str], f_globals: dict, f_builtins: dict):
+                 cell_names: dict[int, str], f_globals: dict, f_builtins: dict,
+                 export_names: dict[Source, str] | None = None):
         self.code = code
         self.positions = Positions(code.co_firstlineno, code.co_firstlineno, None, None)
         self.b = CodeBuilder(varnames=params, positions=self.positions)
@@ -81,6 +84,8 @@ class EntryEmitter:
             _G: f_globals,
             _B: f_builtins,
         }
+        self.export_names = dict(export_names or {})  # source -> parameter handing it over
+        self.shared: set[int] = set()  # OutShared keys already evaluated (stored in a local)
         self.tail: list[Inst] = []  # exception handlers, placed after the body
         self._bound: dict[int, str] = {}
         self._temps = 0
@@ -126,6 +131,10 @@ class EntryEmitter:
 
     # -- sources and outputs --------------------------------------------------------------
     def load_source(self, source: Source) -> None:
+        param = self.export_names.get(source)
+        if param is not None:
+            self.emit(self.b.load_fast(param))
+            return
         loader = SOURCE_LOADERS.get(type(source))
         if loader is None:
             raise TypeError(f"codegen: no bytecode rendering for source {source.name()} "
@@ -294,6 +303,18 @@ def _out_call(e: EntryEmitter, o: OutCall) -> None:
     e.call(len(o.args), tuple(o.kwnames))
 
 
+def _out_shared(e: EntryEmitter, o) -> None:
+    """OutShared(key, value): evaluated once per call (kept in a local), the same object at
+    every later occurrence."""
+    name = f"{_P}sh{o.key}"
+    if o.key in e.shared:
+        e.emit(e.b.load_fast(name))
+        return
+    e.shared.add(o.key)
+    e.emit_out(o.value)
+    e.emit(e.inst("COPY", 1), e.b.store_fast(name))
+
+
 OUT_RENDERERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     OutGraph: _out_graph,
     OutConst: lambda e, o: e.load_value(o.value),
@@ -303,24 +324,34 @@ OUT_RENDERERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     OutDict: _out_dict,
     OutCall: _out_call,
 }
+# Out kinds added by the side-effects work (trace_result.OutShared: a value evaluated once;
+# OutCell: the frame's own closure cell j), rendered where that module defines them.
+if hasattr(_trace_result, "OutShared"):
+    OUT_RENDERERS[_trace_result.OutShared] = _out_shared
+if hasattr(_trace_result, "OutCell"):
+    OUT_RENDERERS[_trace_result.OutCell] = lambda e, o: e.emit(e.b.load_fast(e.cell_names[o.index]))
 
 
 # -- the entry ---------------------------------------------------------------------------------
 
-def entry_emitter(code: CodeType, f_globals: dict, f_builtins: dict) -> EntryEmitter:
-    """An emitter whose parameters are `code`'s argument slots, then its closure cells."""
+def entry_emitter(code: CodeType, f_globals: dict, f_builtins: dict,
+                  exported: Sequence[Source] = ()) -> EntryEmitter:
+    """An emitter whose parameters are `code`'s argument slots, then its closure cells, then
+    the `exported` sources' values (handed over by the guard tree)."""
     nslots = argument_slot_count(code)
     # the user's names (readable in tracebacks), except names in the generated namespace
     local_names = {i: n if not n.startswith(_P) else f"{_P}a{i}"
                    for i, n in enumerate(code.co_varnames[:nslots])}
     cell_names = {j: f"{_P}c{j}" for j in range(len(code.co_freevars))}
-    params = [*local_names.values(), *cell_names.values()]
-    return EntryEmitter(code, params, local_names, cell_names, f_globals, f_builtins)
+    export_names = {src: f"{_P}x{i}" for i, src in enumerate(exported)}
+    params = [*local_names.values(), *cell_names.values(), *export_names.values()]
+    return EntryEmitter(code, params, local_names, cell_names, f_globals, f_builtins,
+                        export_names)
 
 
 def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., Any] | None,
                    f_globals: dict, f_builtins: dict, *, fence: bool = True,
-                   resume: Any = None) -> FunctionType:
+                   resume: Any = None, exported: Sequence[Source] = ()) -> FunctionType:
     """The entry function for `code`: calls `graph_fn` (the backend's compiled graph; None when
     the return value needs no graph) on the inputs named by `result.graph_inputs`, evaluates
     `result.side_effects`, and returns the value described by `result.output` — or, when
@@ -330,8 +361,11 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
 
     `fence`: run `graph_fn` with this thread's callback set to False (cached entries only, no
     tracing), so that no Python frame inside a compiled graph is ever traced. The caller may
-    drop it for graphs known to reach no user code (convert_frame.graph_is_closed)."""
-    e = entry_emitter(code, f_globals, f_builtins)
+    drop it for graphs known to reach no user code (convert_frame.graph_is_closed).
+
+    `exported`: sources whose values the caller passes after the closure cells, in this
+    order (loaded from those parameters instead of being read again)."""
+    e = entry_emitter(code, f_globals, f_builtins, exported)
     if graph_fn is not None:
         e.graph_call(graph_fn, list(result.graph_inputs), fence)
     e.side_effects(getattr(result, "side_effects", ()))
