@@ -145,15 +145,17 @@ assert torch.allclose(gm(x, w)[0], expected["out"])
 # 3. The entry function
 # ---------------------------------------------------------------------------------------------
 # On a cache hit the Rust hook does not run layer's bytecode: it calls an *entry function* with
-# the frame's argument slots. The frontend generates its source from the TraceResult: load the
-# graph inputs, call the compiled graph (with tracing fenced off inside it), rebuild the output.
+# the frame's argument slots. The frontend assembles its bytecode from the TraceResult: load the
+# graph inputs, call the compiled graph (with tracing fenced off inside it by a try/finally),
+# rebuild the output. The listing below is that bytecode.
 
 section("3. the entry function")
 from ferrodyn import codegen  # noqa: E402
 
 entry_fn = codegen.generate_entry(layer.__code__, traced, gm.forward, frame.f_globals, frame.f_builtins)
 say(entry_fn.__ferrodyn_source__)
-assert entry_fn.__ferrodyn_source__.startswith("def __ferrodyn_entry(x, w, bias):")
+assert entry_fn.__code__.co_varnames[:3] == ("x", "w", "bias")  # called with the argument slots
+assert "__ferrodyn_graph" in entry_fn.__ferrodyn_source__
 assert entry_fn.__name__ == "layer"  # tracebacks read like the user's function
 assert _C.code_flags(entry_fn.__code__) == "skip"  # the hook never intercepts an entry
 out = entry_fn(x, w, True)
@@ -298,8 +300,10 @@ say(*str(report).splitlines()[:4])
 assert report.graph_count == 1 and report.graph_break_count == 0
 assert any("L['bias'] == True" in guard for guard in report.guards)
 
-# Not every frame can be captured. Code the converter cannot model (here: a branch on tensor
-# data) runs eagerly -- never a wrong result -- and with fullgraph=True it raises
+# Not every frame can be captured whole. Code the converter cannot model (here: a branch on
+# tensor data) breaks the graph: the graph so far is compiled, the branch runs eagerly, and each
+# side continues in a resume function (a code object built from the original bytecode) that is
+# captured as a frame of its own -- never a wrong result. With fullgraph=True it raises
 # ferrodyn.Unsupported naming the construct and the line, catchable as torch.compile's own.
 
 
@@ -318,7 +322,7 @@ except ferrodyn.Unsupported as e:
 ferrodyn.reset()
 n_graphs = len(backend.graphs)
 assert torch.equal(ferrodyn.compile(data_dependent, backend=backend)(x), data_dependent(x))
-assert len(backend.graphs) == n_graphs  # ran eagerly: no graph
+assert len(backend.graphs) == n_graphs + 2  # x.sum() before the branch, x + 1 after it
 
 # ---------------------------------------------------------------------------------------------
 # 8. make_fx: from torch-level graphs to aten

@@ -125,10 +125,12 @@ def test_unsupported_fullgraph_raises_and_eager_otherwise():
         return x - 1
     with pytest.raises(Unsupported):
         ferrodyn.compile(f, backend=CountingBackend(), fullgraph=True)(torch.ones(3))
-    c = CountingBackend()
+    c, t = CountingBackend(), CountingBackend()
     x = torch.ones(3)
     torch.testing.assert_close(ferrodyn.compile(f, backend=c)(x), f(x))
-    assert c.count == 0
+    torch._dynamo.reset()
+    torch.compile(f, backend=t)(x)
+    assert c.count == t.count == 2  # the graph breaks at the branch and resumes after it
 
 
 _BACKEND_PROG = """

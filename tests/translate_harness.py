@@ -1,6 +1,7 @@
 """Test harness for the symbolic converter: drive `trace_frame` directly on a Python function,
-run the captured graph with inputs loaded from their Sources, rebuild the return value from
-`TraceResult.output`, and compare with eager. (Not a test module itself.)"""
+run the captured graph through the real entry function (`codegen.generate_entry`: inputs
+loaded from their Sources, the return value rebuilt from `TraceResult.output`), and compare
+with eager. (Not a test module itself.)"""
 
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ from typing import Any
 
 import torch
 
+from ferrodyn import codegen
 from ferrodyn.guard_spec import GuardKind
-from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSource,
-                             GlobalSource, ItemSource, LenSource, LocalSource, TypeSource)
 from ferrodyn.symbolic import trace_frame
-from ferrodyn.trace_result import (OutCall, OutConst, OutDict, OutGraph, OutList, OutShared,
-                                   OutSource, OutTuple)
 
 
 def frame_slots(fn, args, kwargs) -> tuple:
@@ -38,69 +36,20 @@ def frame_slots(fn, args, kwargs) -> tuple:
 
 
 def trace(fn, *args, **kwargs):
+    """The whole-frame capture of `fn` (fullgraph: an unsupported construct raises instead of
+    becoming a graph break; graph breaks are tested through ferrodyn.compile)."""
     return trace_frame(fn.__code__, fn.__globals__, builtins.__dict__,
-                       frame_slots(fn, args, kwargs), fn.__closure__)
-
-
-def load(source, fn, slots) -> Any:
-    if isinstance(source, LocalSource):
-        return slots[source.index]
-    if isinstance(source, GlobalSource):
-        return fn.__globals__[source.global_name]
-    if isinstance(source, BuiltinSource):
-        return builtins.__dict__[source.builtin_name]
-    if isinstance(source, ClosureSource):
-        return fn.__closure__[source.index].cell_contents
-    base = load(source.base, fn, slots)
-    if isinstance(source, AttrSource):
-        return getattr(base, source.attr)
-    if isinstance(source, ItemSource):
-        return base[source.key]
-    if isinstance(source, DictOfSource):
-        return base.__dict__
-    if isinstance(source, TypeSource):
-        return type(base)
-    if isinstance(source, LenSource):
-        return len(base)
-    raise TypeError(source)
-
-
-def rebuild(out, graph_outs, fn, slots) -> Any:
-    shared: dict = {}
-
-    def r(o):
-        if isinstance(o, OutShared):  # one object per key per call
-            if o.key not in shared:
-                shared[o.key] = r(o.value)
-            return shared[o.key]
-        if isinstance(o, OutGraph):
-            return graph_outs[o.index]
-        if isinstance(o, OutConst):
-            return o.value
-        if isinstance(o, OutSource):
-            return load(o.source, fn, slots)
-        if isinstance(o, OutTuple):
-            return tuple(r(i) for i in o.items)
-        if isinstance(o, OutList):
-            return [r(i) for i in o.items]
-        if isinstance(o, OutDict):
-            return o.cls(zip(o.keys, [r(v) for v in o.values]))
-        if isinstance(o, OutCall):
-            args = [r(a) for a in o.args]
-            if o.kwnames:
-                return o.cls(**dict(zip(o.kwnames, args)))
-            return o.cls(*args)
-        raise TypeError(o)
-    return r(out)
+                       frame_slots(fn, args, kwargs), fn.__closure__, fullgraph=True)
 
 
 def run_traced(result, fn, *args, **kwargs):
-    """Run a TraceResult as the frontend would: inputs loaded from their sources this call."""
+    """Run a TraceResult as the frontend would: through the real entry function
+    (`codegen.generate_entry`), called the way the Rust hook calls it (argument slots, then
+    closure cells), with the inputs loaded from their sources on this call."""
     slots = frame_slots(fn, args, kwargs)
-    inputs = [load(s, fn, slots) for s in result.graph_inputs]
-    outs = result.graph(*inputs)
-    assert isinstance(outs, tuple)
-    return rebuild(result.output, outs, fn, slots)
+    entry = codegen.generate_entry(fn.__code__, result, result.graph.forward, fn.__globals__,
+                                   builtins.__dict__, fence=False)
+    return entry(*slots, *(fn.__closure__ or ()))
 
 
 def assert_same(a, b, *, rtol=1e-5, atol=1e-6):

@@ -21,6 +21,7 @@ _PUBLIC = {
     "OptimizedModule": "ferrodyn.optimized_module",
     "Unsupported": "ferrodyn.exc",
     "BackendCompilerFailed": "ferrodyn.exc",
+    "graph_break": "ferrodyn.exc",
     "make_fx": "ferrodyn.proxy_dispatch",
 }
 _SUBMODULES = ("config", "weak")

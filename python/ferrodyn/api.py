@@ -102,6 +102,13 @@ class ExplainOutput:
 
     # recorder protocol (convert_frame.recorders)
     def on_graph(self, record) -> None:
+        brk = getattr(getattr(record, "result", None), "graph_break", None)
+        if brk is not None:
+            # where the frame breaks (its call or jump); the reason names the innermost line
+            where = f"{brk.code.co_filename}:{brk.lineno}"
+            self.break_reasons.append(f"{brk.code.co_qualname} ({where}): graph break: {brk.reason}")
+            if not convert_frame.graph_ops(record.graph):
+                return  # nothing captured before the break: no graph (as torch.compile)
         self.graphs.append(record.graph)
         self.ops_per_graph.append(convert_frame.graph_ops(record.graph))
         self.guards.extend(record.guards)
@@ -143,7 +150,7 @@ class ExplainOutput:
         for i, (frame, ops) in enumerate(zip(self.frames, self.ops_per_graph)):
             lines.append(f"Graph {i} ({frame}): {', '.join(opname(o) for o in ops) or '(no ops)'}")
         if self.break_reasons:
-            lines.append("Break reasons (frames run eagerly):")
+            lines.append("Break reasons (graph breaks, and frames run eagerly):")
             lines += [f"  {i + 1}. {r}" for i, r in enumerate(self.break_reasons)]
         if self.recompile_reasons:
             lines.append("Recompile reasons:")

@@ -349,7 +349,8 @@ class FrameCallback:
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph
         graph_fn, fence = None, True
-        if _uses_graph(result.output) or result.graph_has_effects or \
+        # A graph with ops runs even when no output is used: its ops may mutate inputs in place.
+        if graph_ops(gm) or _uses_graph(result.output) or result.graph_has_effects or \
                 any(_uses_graph(o) for o in result.side_effects):
             if graph_ops(gm):
                 graph_fn = self.call_backend(gm, result.example_inputs)

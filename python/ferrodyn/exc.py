@@ -1,8 +1,8 @@
 """Errors and control-flow signals of the converter.
 
 Owns: the user-facing exceptions (each catchable as its torch.compile counterpart), the closed
-set of graph-break reasons (declared once, with an explanation and a hint), and the internal
-control-flow signals, which are kept apart from errors.
+set of graph-break reasons (declared once, with an explanation and a hint), the public
+`graph_break()` marker, and the internal control-flow signals, which are kept apart from errors.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class BreakReason(enum.Enum):
     UNSUPPORTED_TYPE = ("a value of a type the converter does not model", "")
     GENERATOR = ("generators and coroutines are not traced", "")
     RECURSION_LIMIT = ("inlining went too deep", "")
+    GRAPH_BREAK = ("explicit graph break (ferrodyn.graph_break / torch._dynamo.graph_break)", "")
     OTHER = ("unsupported construct", "")
 
     @property
@@ -57,6 +58,11 @@ class BackendCompilerFailed(_torch_exc.BackendCompilerFailed):
 
     def __init__(self, backend_fn: object, inner_exception: Exception):
         super().__init__(backend_fn, inner_exception, None)
+
+
+def graph_break() -> None:
+    """Break the graph here: code before the call and code after it are captured as separate
+    graphs (eagerly, it does nothing). `torch._dynamo.graph_break()` does the same."""
 
 
 class RestartAnalysis(Exception):

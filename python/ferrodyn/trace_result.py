@@ -88,6 +88,7 @@ class TraceResult:
     graph_inputs: for each placeholder, where the entry function loads it from.
     example_inputs: the real values of the graph inputs on this call (for the backend).
     output: how to rebuild the frame's return value.
+    graph_break: where and how the frame continues after a graph break (resume.py).
     guards: everything the trace depended on.
     side_effects: Out nodes the entry evaluates in order, for their effect only, after the
         graph call and before building `output` (side_effects.SideEffects.replay).
@@ -101,3 +102,6 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)  # for explain(): ops, decisions
     side_effects: tuple[Out, ...] = ()
     graph_has_effects: bool = False  # the graph mutates an input in place: always call it
+    # set when the frame continues after a graph break (a resume.GraphBreak): the entry then
+    # rebuilds the live stack and locals instead of returning `output`.
+    graph_break: Any = None

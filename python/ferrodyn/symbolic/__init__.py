@@ -3,8 +3,9 @@
 Owns the entry point `trace_frame` used by the frontend (convert_frame.py): it wraps the
 frame's argument slots and closure cells as lazy trackers with Sources, runs the
 InstructionTranslator (translator.py) over the bytecode, and returns the OutputGraph's
-TraceResult. Real global state touched while tracing (grad mode, autocast) is always
-restored. Does not own compiling the graph, the guards, or the entry function (frontend).
+TraceResult (or, at a graph break, traces again up to the breaking instruction and hands
+over to resume.capture_break). Real global state touched while tracing (grad mode, autocast)
+is always restored. Does not own compiling the graph, the guards, or the entry function (frontend).
 """
 
 from __future__ import annotations
@@ -40,9 +41,15 @@ def _n_arg_slots(code: types.CodeType) -> int:
 def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: tuple,
                 closure: tuple | None, *, fullgraph: bool = False) -> TraceResult:
     """Capture the frame of `code` called with argument slots `args` (co_varnames order) and
-    closure cells `closure` (co_freevars order) as one graph. Raises `Unsupported`."""
+    closure cells `closure` (co_freevars order) as one graph. Raises `Unsupported`.
+
+    Graph breaks (not `fullgraph`): when an instruction of the root frame itself cannot be
+    captured (a call, including one into an inlined function that breaks, or a conditional
+    jump on a tensor), the frame is traced again up to that instruction and the result
+    describes a graph break (`TraceResult.graph_break`, see resume.py); when the break cannot
+    be resumed exactly, the original `Unsupported` is raised."""
     from ferrodyn.output_graph import OutputGraph
-    from ferrodyn.symbolic.translator import InstructionTranslator
+    from ferrodyn.symbolic.translator import InstructionTranslator, StopAtBreak
     from ferrodyn.variables.base import LazyVariable
     from ferrodyn.trace_result import OutCell
     from ferrodyn.variables.functions import existing_cell
@@ -56,19 +63,48 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
     names = code.co_varnames
     local_vars = {names[i]: LazyVariable(source=LocalSource(i, names[i]), value=v)
                   for i, v in enumerate(args)}
-    output = OutputGraph(f_globals, f_builtins)
-    grad = torch.is_grad_enabled()
+    def run(stop_at=None):
+        output = OutputGraph(f_globals, f_builtins)
+        grad, autocast = torch.is_grad_enabled(), torch.is_autocast_enabled()
+        # Each trace (a restart too) starts from the frame's values: cells are tracked afresh
+        # by this trace's side-effects table, so a first trace's cell writes are not seen.
+        tx = InstructionTranslator(code, f_globals, output, dict(local_vars), {}, GlobalSource)
+        tx.stop_at = stop_at
+        try:
+            for i, name in enumerate(code.co_freevars):
+                tx.cells[name] = existing_cell(tx, closure[i], None, ClosureSource(i, name),
+                                               OutCell(i))
+            try:
+                value = tx.run()
+            except StopAtBreak as stop:
+                from ferrodyn.resume import capture_break
+                return capture_break(stop.tx, first_exc[0], autocast)
+            return output.build_result(tx, value)
+        finally:
+            output.close()
+            torch._C._set_grad_enabled(grad)
+
+    first_exc: list[Unsupported] = []
     try:
-        tx = InstructionTranslator(code, f_globals, output, local_vars, {}, GlobalSource)
-        for i, name in enumerate(code.co_freevars):
-            tx.cells[name] = existing_cell(tx, closure[i], None, ClosureSource(i, name),
-                                           OutCell(i))
-        value = tx.run()
-        result = output.build_result(tx, value)
-    finally:
-        output.close()
-        torch._C._set_grad_enabled(grad)
-    return result
+        return run()
+    except Unsupported as e:
+        path = e.__dict__.pop("break_path", None) or []
+        if fullgraph or not path:
+            raise
+        from ferrodyn.resume import breakable
+        # Restart: trace again up to the breaking instruction and capture the break there:
+        # inside the inlined calls (every level resumes), else at the root frame's call.
+        stops = [[(t.code, index, visit) for t, index, visit in p]
+                 for p in ([path, path[:1]] if len(path) > 1 else [path])
+                 if breakable(p[-1][0].instructions[p[-1][1]].opname)]
+        first_exc.append(e)
+        for stop in stops:
+            try:
+                return run(stop_at=stop)
+            except Unsupported as again:
+                if again is not e:
+                    e.__dict__.setdefault("resume_refusals", []).append(str(again))
+        raise
 
 
 __all__ = ["trace_frame"]

@@ -3,9 +3,10 @@
 Owns the frame state of a symbolic execution (value stack, locals, cells, instruction
 pointer, pending KW_NAMES), the stepping loop, value realization (a `LazyVariable` reaching
 the stack is built, and thereby guarded, through the builder) and the user-facing location of
-an `Unsupported` (the innermost instruction's file and line). Does not own what each opcode
-does (opcodes_*.py, registered by name in registry.py), inlining policy (inline.py), or the
-graph (output_graph.py).
+an `Unsupported` (the innermost instruction's file and line). It also counts the root frame's steps per instruction and
+can stop before a given (instruction, visit) for a graph break (`StopAtBreak`). Does not own
+what each opcode does (opcodes_*.py, registered by name in registry.py), inlining policy
+(inline.py), the graph (output_graph.py) or what a break does (resume.py).
 
 Call hierarchy (each level is an override point, as in torch.fx.Interpreter):
 
@@ -38,6 +39,15 @@ MAX_INLINE_DEPTH = 48
 _RETURNED_NOTHING = object()
 
 
+class StopAtBreak(Exception):
+    """Control-flow signal (not an error): a translator reached the instruction it was asked
+    to stop before (`stop_at`), with its state (and its parents') intact, for a graph break."""
+
+    def __init__(self, tx: "InstructionTranslator"):
+        super().__init__()
+        self.tx = tx
+
+
 class InstructionTranslator:
     def __init__(self, code: types.CodeType, f_globals: dict, output: OutputGraph,
                  local_vars: dict[str, VariableTracker], cells: dict[str, CellVariable],
@@ -62,6 +72,16 @@ class InstructionTranslator:
         self.returned: Any = _RETURNED_NOTHING
         self.yields: list[VariableTracker] | None = None  # generator-expression collect mode
         self.graph_output = None  # set by OutputGraph.build_result
+        # graph breaks: how often each instruction index was stepped; the path of
+        # (code, index, visit) to stop before, this level first (resume.capture_break then
+        # reads the state); the rest of the path for the function the current step inlines
+        # and that step's inputs.
+        self.visits: dict[int, int] = {}
+        self.stop_at: list[tuple[types.CodeType, int, int]] | None = None
+        self.child_stop: list | None = None
+        self.stop_call_inputs: list[VariableTracker] | None = None
+        if parent is not None and parent.child_stop and parent.child_stop[0][0] is code:
+            self.stop_at, parent.child_stop = parent.child_stop, None
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> VariableTracker:
@@ -69,10 +89,31 @@ class InstructionTranslator:
             if self.ip >= len(self.instructions):
                 unsupported("ran off the end of the bytecode", BreakReason.OTHER)
             inst = self.instructions[self.ip]
+            n = self.visits[self.ip] = self.visits.get(self.ip, 0) + 1
+            if self.stop_at is not None:
+                self._check_stop(inst, n)
             self.ip += 1
             self.current = inst
-            self.step(inst)
+            try:
+                self.step(inst)
+            except Unsupported as e:
+                # the path of (translator, index, visit) to the breaking instruction, root first
+                path = e.__dict__.setdefault("break_path", [])
+                path.insert(0, (self, self.ip - 1, n))
+                raise
         return self.returned
+
+    def _check_stop(self, inst: Instruction, visit: int) -> None:
+        self.child_stop = None
+        _, index, want = self.stop_at[0]
+        if (index, want) != (self.ip, visit):
+            return
+        if len(self.stop_at) == 1:
+            self.current = inst
+            raise StopAtBreak(self)
+        from ferrodyn.resume import n_inputs
+        self.child_stop = self.stop_at[1:]
+        self.stop_call_inputs = list(self.stack[len(self.stack) - n_inputs(inst):])
 
     def step(self, inst: Instruction) -> None:
         handler = handler_for(inst.opname)

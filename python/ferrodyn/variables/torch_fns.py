@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from ferrodyn.exc import BreakReason
+from ferrodyn.exc import BreakReason, graph_break
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
 from ferrodyn.variables.ctx_managers import CTX_MANAGER_HANDLERS
@@ -124,6 +124,9 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.set_default_dtype: _refuse(BreakReason.SIDE_EFFECT),
     torch.use_deterministic_algorithms: _refuse(BreakReason.SIDE_EFFECT),
 }
+TORCH_HANDLERS[graph_break] = _refuse(BreakReason.GRAPH_BREAK)
+if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "graph_break"):
+    TORCH_HANDLERS[torch._dynamo.graph_break] = _refuse(BreakReason.GRAPH_BREAK)
 for _name in ("is_dynamo_compiling", "is_compiling"):
     _f = getattr(torch._dynamo, _name, None) if hasattr(torch, "_dynamo") else None
     if _f is not None:

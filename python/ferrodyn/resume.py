@@ -1,0 +1,545 @@
+"""Graph breaks that resume: what happens at an instruction the converter cannot capture.
+
+Owns three things:
+- `capture_break(tx, exc)`: at the breaking instruction (the translator stopped just before
+  it; when it is inside inlined calls, every enclosing translator is stopped inside its call),
+  decide whether the state of every level can be rebuilt exactly, and if so turn it into a
+  `TraceResult` whose `graph_break` (a `GraphBreak`, with an `OuterFrame` per enclosing
+  level) says how the entry continues: the live stack (NULLs included) and locals as `Out`
+  specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
+  `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
+  as before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one
+  (or any `with` around an inlined call), autocast changed, closures/cells, a new mutable
+  object reachable twice, a live value it cannot rebuild, an enclosing call that is not a
+  plain call of a user function.
+- `resume_code(code, offset, nulls, unbound)`: the resume function's code, built with
+  `ferrodyn.bytecode` from the *original* code: a prologue takes every local of the original
+  (in co_varnames order) then the non-NULL stack values as positional arguments, deletes the
+  locals that were unbound, pushes the stack back (PUSH_NULL for NULLs) and jumps to
+  `offset`. Cached per (code, offset, stack shape, unbound locals), so recompiles reuse it.
+  Resume functions are ordinary frames for the hook: they get their own cache entries.
+- `emit_break(emitter, brk)`: the entry's instructions after the graph call: set the grad
+  mode of the break, push the resume function, the stack, run the instruction (a call, or the
+  conditional jump choosing between two resume functions), store the stack, push the locals,
+  call the resume function; for nested breaks, push its result onto each enclosing level's
+  stack and call that level's resume function, innermost first; return the root's value.
+
+Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
+(codegen.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import sys
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ferrodyn import bytecode
+from ferrodyn.exc import Unsupported
+from ferrodyn.side_effects import MutationType
+from ferrodyn.trace_result import (
+    Out, OutCall, OutConst, OutList, OutShared, OutTuple, TraceResult,
+)
+
+_VERSION = sys.version_info[:2]
+_CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
+_JUMPS = frozenset(f"POP_JUMP_{d}IF_{c}" for d in ("", "FORWARD_", "BACKWARD_") for c in ("TRUE", "FALSE"))
+
+
+@dataclass
+class GraphBreak:
+    """How an entry continues after its graph: see the module docstring."""
+    code: types.CodeType
+    kind: str                          # "call" or "jump"
+    opname: str                        # the breaking instruction
+    arg: int
+    offset: int                        # its byte offset (as `dis` reports it)
+    stack: tuple[Out | None, ...]      # the whole stack before it, bottom first; None: NULL
+    iters: tuple[bool, ...]            # per stack value: an iterator passed as a tuple of its rest
+    n_inputs: int                      # how many of the top values it consumes
+    kw_names: tuple[str, ...]          # pending KW_NAMES (3.11, 3.12)
+    locals: tuple[Out | None, ...]     # co_varnames order; None: unbound
+    grad_mode: bool                    # grad mode at the break
+    grad_on_error: bool | None         # grad mode an exception leaves behind (enclosing no_grad)
+    reason: Unsupported
+    lineno: int | None
+    f_globals: dict | None = None      # the globals of `code` (an inlined function's own)
+    outer: tuple = ()                  # OuterFrame per enclosing frame, root first (nested breaks)
+
+
+class GradModeRestore:
+    """Stands for a grad-mode context manager's `__exit__` across a break: restores the mode
+    the `with` was entered under, never suppresses the exception."""
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc_info: Any) -> bool:
+        torch._C._set_grad_enabled(self.prev)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture (at trace time)
+# ---------------------------------------------------------------------------------------------
+
+def breakable(opname: str) -> bool:
+    return opname in _CALLS or opname in _JUMPS
+
+
+def _refuse(exc: Unsupported, why: str):
+    exc.add_note(f"ferrodyn: not resuming after this break: {why}") if hasattr(exc, "add_note") else None
+    raise exc
+
+
+def n_inputs(inst) -> int:
+    if inst.opname == "CALL":
+        return inst.arg + 2
+    if inst.opname == "CALL_KW":
+        return inst.arg + 3
+    if inst.opname == "CALL_FUNCTION_EX":
+        return 3 + (inst.arg & 1)
+    return 1  # conditional jump: the condition
+
+
+def _with_levels(code: types.CodeType, offset: int) -> int | None:
+    """How many `with` blocks enclose the instruction at `offset`, when every exception
+    handler around it is a `with` cleanup; None when a `try` handler encloses it."""
+    insts = bytecode.decode(code)
+    index = {id(i): k for k, i in enumerate(insts)}
+    inst = _inst_at(insts, offset)
+    h = inst.exn
+    levels = 0
+    while h is not None:
+        k = index[id(h.target)]
+        if not (insts[k].opname == "PUSH_EXC_INFO" and k + 1 < len(insts)
+                and insts[k + 1].opname == "WITH_EXCEPT_START"):
+            return None
+        levels += 1
+        cleanup = h.target.exn  # the handler of the with-cleanup code: COPY 3; POP_EXCEPT; RERAISE
+        h = cleanup.target.exn if cleanup is not None else None
+    return levels
+
+
+def _inst_at(insts, offset: int):
+    """The assembler instruction whose code units contain byte `offset`."""
+    best = None
+    for i in insts:
+        if i.offset <= offset:
+            best = i
+        else:
+            break
+    return best
+
+
+def _rebuild_value(tx, v, exc: Unsupported):
+    """A tracker the entry can reconstruct standing for live value `v` (grad-mode exits and
+    tensor methods become reconstructible stand-ins)."""
+    from ferrodyn.variables.constant import ConstantVariable
+    from ferrodyn.variables.ctx_managers import GradModeVariable
+    from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+    from ferrodyn.variables.tensor import TensorMethodVariable
+
+    if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf):
+        if v.func.name == "__exit__" and isinstance(v.obj, GradModeVariable):
+            return ConstantVariable(value=GradModeRestore(bool(v.obj.state.prev)))
+        _refuse(exc, f"a live {v.describe()} (only grad-mode `with` blocks are re-entered)")
+    if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again
+        func, obj = v.func, v.obj
+        return _Rebuilt(lambda tx2: OutCall(types.MethodType, (tx2.realize(func).reconstruct(tx2),
+                                                               tx2.realize(obj).reconstruct(tx2))))
+    if isinstance(v, TensorMethodVariable):
+        tensor, name = v.tensor, v.name
+        return _Rebuilt(lambda tx2: OutCall(getattr, (tx2.realize(tensor).reconstruct(tx2),
+                                                      OutConst(name))))
+    return v
+
+
+class _Rebuilt:
+    """A value rebuilt by `make(tx) -> Out` (stands in for a tracker in `_reconstruct`)."""
+
+    def __init__(self, make):
+        self.make = make
+
+
+def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
+    from ferrodyn.variables.dicts import DictVariable
+    from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
+
+    if isinstance(v, TupleVariable):
+        for item in v.items:
+            _mutable_identities(item, seen, lists, exc)
+        return
+    state = getattr(v, "state", None)
+    existing = getattr(state, "mutation_type", None) is MutationType.EXISTING
+    if state is None or (getattr(v, "source", None) is not None and existing):
+        return
+    key = id(state)
+    if key in seen:
+        _refuse(exc, f"{v.describe()} is reachable twice from the live values")
+    seen[key] = v
+    if isinstance(v, ListVariable):
+        lists.add(id(state.items))
+        for item in state.items:
+            _mutable_identities(item, seen, lists, exc)
+    elif isinstance(v, DictVariable):
+        for item in state.items.values():
+            _mutable_identities(item, seen, lists, exc)
+    elif isinstance(v, IteratorVariable):
+        for item in state.items[state.index:]:
+            _mutable_identities(item, seen, lists, exc)
+
+
+def _reconstruct(tx, v, on_stack: bool) -> Out:
+    """Out spec of live value `v`. An iterator on the stack (a `for` loop's) is passed as a
+    tuple of its remaining items, turned back into an iterator by the resume prologue (so
+    the resume frame traces it like any tuple); elsewhere it is rebuilt as `iter([...])`."""
+    from ferrodyn.variables.lists import IteratorVariable
+    if isinstance(v, _Rebuilt):
+        return v.make(tx)
+    if isinstance(v, IteratorVariable):
+        st = v.state
+        rest = tuple(tx.realize(i).reconstruct(tx) for i in st.items[st.index:])
+        return OutTuple(rest) if on_stack else OutCall(iter, (OutList(rest),))
+    return tx.realize(v).reconstruct(tx)
+
+
+@dataclass
+class OuterFrame:
+    """A frame that inlined the call the break happened in (nested graph breaks): it
+    continues, in its own resume function, after its call at `offset`, with the inner
+    frames' result pushed on `stack`."""
+    code: types.CodeType
+    offset: int
+    f_globals: dict
+    stack: tuple[Out | None, ...]
+    iters: tuple[bool, ...]
+    locals: tuple[Out | None, ...]
+
+
+class _Level:
+    """The live state of one frame at the break, before reconstruction."""
+
+    def __init__(self, tx, exc: Unsupported, innermost: bool):
+        from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
+        self.tx = tx
+        self.code, shift = origin(tx.code)
+        inst = tx.instructions[tx.ip] if innermost else tx.current
+        self.inst = inst
+        self.offset = inst.offset - shift
+        if self.code.co_cellvars or self.code.co_freevars:
+            _refuse(exc, f"{self.code.co_name} has closure cells")
+        if not innermost:
+            # the call that inlined the next level must be a plain call of that function, so
+            # that its result is exactly what the inner frames return
+            callee = _callee(tx.stop_call_inputs or [], inst)
+            callee = tx.realize(callee) if callee is not None else None
+            if isinstance(callee, BoundMethodVariable):
+                callee = tx.realize(callee.func)
+            if not (inst.opname in ("CALL", "CALL_KW") and isinstance(callee, UserFunctionVariable)):
+                _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
+                             "inlines more than one plain call")
+        levels = _with_levels(self.code, self.offset)
+        if levels is None:
+            _refuse(exc, f"the call in {self.code.co_name} is inside a try block")
+        self.stack = []
+        self.exits = []
+        for v in tx.stack:
+            r = _rebuild_value(tx, tx.realize(v), exc)
+            if _is_grad_exit(r):
+                self.exits.append(r.value.prev)
+            self.stack.append(r)
+        if len(self.exits) != levels:
+            _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
+        self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
+
+
+def _is_grad_exit(v) -> bool:
+    """Whether rebuilt value `v` stands for a grad-mode `with` block's `__exit__`."""
+    return isinstance(getattr(v, "value", None), GradModeRestore)
+
+
+def _callee(inputs, inst):
+    from ferrodyn.variables.base import NullVariable
+    if len(inputs) < 2:
+        return None
+    first, second = inputs[0], inputs[1]
+    return second if isinstance(first, NullVariable) else first
+
+
+def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
+    """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
+    before it; tx's parents, if any, are inside the calls that inlined it). Re-raises `exc`
+    when the break cannot be resumed exactly."""
+    from ferrodyn.variables.base import NullVariable
+    from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+
+    inst = tx.instructions[tx.ip]
+    if not breakable(inst.opname):
+        _refuse(exc, f"breaks at {inst.opname} do not resume")
+    if tx.kw_names and _VERSION >= (3, 13):
+        _refuse(exc, "pending keyword names")
+    n_in = n_inputs(inst)
+    if len(tx.stack) < n_in:
+        _refuse(exc, "the stack is shorter than the instruction's inputs")
+    if torch.is_autocast_enabled() != autocast_at_entry:
+        _refuse(exc, "autocast state changed before the break")
+    chain = []
+    t = tx
+    while t is not None:
+        chain.insert(0, t)
+        t = t.parent
+    levels = [_Level(t, exc, t is tx) for t in chain]
+    if any(lv.exits for lv in levels[:-1]):
+        _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")
+    inner = levels[-1]
+    seen: dict = {}
+    lists: set = set()
+    for lv in levels:
+        for v in [*lv.stack, *lv.locals]:
+            if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
+                _mutable_identities(v, seen, lists, exc)
+    for v in seen.values():
+        if isinstance(v, IteratorVariable) and id(v.state.items) in lists:
+            _refuse(exc, "an iterator over a list that is itself live")
+
+    # One build_result over every live value, so graph outputs are shared and deduplicated.
+    live = []
+    for lv in levels:
+        live += [(v, True) for v in lv.stack if not isinstance(v, NullVariable)]
+        live += [(v, False) for v in lv.locals if v is not None]
+    class _Live(TupleVariable):
+        def reconstruct(self, tx2):
+            return OutTuple(tuple(_reconstruct(tx2, v, on_stack) for v, on_stack in live))
+
+    # The side effects recorded so far are replayed after the graph call, before the breaking
+    # instruction runs; the replay reads every live value first (it is its `before`), so a
+    # live value is what it was at the break even when an effect changes where it came from.
+    try:
+        result = tx.output.build_result(chain[0], _Live(items=()))
+    except Unsupported as e:
+        _refuse(exc, f"cannot rebuild a live value: {e.construct}")
+    if isinstance(result.output, OutShared):  # materialised once, before the effects
+        outs_box = [OutCall(operator.getitem, (result.output, OutConst(i)))
+                    for i in range(len(live))]
+    else:
+        outs_box = list(result.output.items)
+    outs = iter(outs_box)
+    frames = []
+    for lv in levels:
+        stack_outs = tuple(None if isinstance(v, NullVariable) else next(outs) for v in lv.stack)
+        iters = tuple(isinstance(v, IteratorVariable) for v in lv.stack)
+        local_outs = tuple(None if v is None else next(outs) for v in lv.locals)
+        frames.append(OuterFrame(lv.code, lv.offset, lv.tx.f_globals, stack_outs, iters, local_outs))
+    f = frames[-1]
+    if any(f.iters[len(f.stack) - n_in:]):
+        _refuse(exc, "an iterator among the breaking instruction's inputs")
+    result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
+    result.graph_break = GraphBreak(
+        code=f.code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
+        arg=inst.arg or 0, offset=f.offset, stack=f.stack, iters=f.iters, n_inputs=n_in,
+        kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=torch.is_grad_enabled(),
+        grad_on_error=inner.exits[0] if inner.exits else None, reason=exc, lineno=inst.lineno,
+        f_globals=f.f_globals, outer=tuple(frames[:-1]))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume functions
+# ---------------------------------------------------------------------------------------------
+
+_STACK = "__ferrodyn_stack"
+_RESUME_CODES: "weakref.WeakKeyDictionary[types.CodeType, dict]" = weakref.WeakKeyDictionary()
+_ORIGIN: "weakref.WeakKeyDictionary[types.CodeType, tuple]" = weakref.WeakKeyDictionary()
+
+
+NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
+
+
+def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
+                unbound: frozenset[int]) -> types.CodeType:
+    """The code of the resume function continuing `code` at the instruction at byte `offset`
+    with a stack of `len(shape)` slots (NULL, VALUE, or ITER: an iterator over the tuple
+    passed) and the locals `unbound` unset."""
+    per_code = _RESUME_CODES.setdefault(code, {})
+    key = (offset, shape, unbound)
+    hit = per_code.get(key)
+    if hit is not None:
+        return hit
+    insts = bytecode.decode(code)
+    target = next((i for i in insts if i.offset == offset), None)
+    if target is None:
+        raise ValueError(f"resume_code: no instruction at byte {offset} of {code.co_name}")
+    b = bytecode.CodeBuilder(consts=code.co_consts, names=code.co_names,
+                             varnames=code.co_varnames, positions=target.positions)
+    n_stack = sum(1 for kind in shape if kind != NULL)
+    stack_names = [f"{_STACK}{k}" for k in range(n_stack)]
+    assert not set(stack_names) & set(code.co_varnames), "resume_code of a resume code"
+    for n in stack_names:
+        b.local(n)
+    prologue = [b.resume()]
+    prologue += [b.inst("DELETE_FAST", i) for i in sorted(unbound)]
+    k = 0
+    for kind in shape:
+        if kind == NULL:
+            prologue.append(b.inst("PUSH_NULL"))
+            continue
+        prologue.append(b.load_fast(stack_names[k]))
+        if kind == ITER:
+            prologue.append(b.inst("GET_ITER"))
+        k += 1
+    prologue.append(b.inst("JUMP", target=target))
+    line = target.lineno or code.co_firstlineno
+    name = f"ferrodyn_resume_in_{code.co_name}_at_{line}"
+    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    new = bytecode.assemble(
+        prologue + insts, code, co_argcount=len(b.varnames), co_posonlyargcount=0,
+        co_kwonlyargcount=0, co_varnames=tuple(b.varnames), co_nlocals=len(b.varnames),
+        co_consts=tuple(b.consts), co_names=tuple(b.names), co_flags=flags, co_name=name,
+        co_qualname=f"{code.co_qualname}.<{name}>")
+    shift = bytecode.decode(new)[len(prologue)].offset - insts[0].offset
+    _ORIGIN[new] = (code, shift)
+    per_code[key] = new
+    return new
+
+
+def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
+    """(original code, byte shift) of a resume code: its instructions after the prologue are
+    the original's, byte for byte, `shift` bytes later. (code, 0) for any other code."""
+    return _ORIGIN.get(code, (code, 0))
+
+
+def _resume_function(e, brk, offset: int, shape: tuple[int, ...]):
+    """The resume function of `brk` (a GraphBreak or an OuterFrame) continuing at `offset`."""
+    unbound = frozenset(i for i, v in enumerate(brk.locals) if v is None)
+    code = resume_code(brk.code, offset, shape, unbound)
+    f_globals = brk.f_globals if brk.f_globals is not None else e.globals["__ferrodyn_G"]
+    return types.FunctionType(code, f_globals, code.co_name)
+
+
+def _next_offset(code: types.CodeType, offset: int) -> int:
+    insts = bytecode.decode(code)
+    for k, i in enumerate(insts):
+        if i.offset <= offset < (insts[k + 1].offset if k + 1 < len(insts) else 1 << 62):
+            return insts[k + 1].offset
+    raise ValueError(f"no instruction after byte {offset} of {code.co_name}")
+
+
+def _jump_target_offset(code: types.CodeType, offset: int) -> int:
+    return _inst_at(bytecode.decode(code), offset).target.offset
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry's continuation
+# ---------------------------------------------------------------------------------------------
+
+def _set_grad(e, mode: bool) -> None:
+    e.load_callable(torch._C._set_grad_enabled)
+    e.load_value(bool(mode))
+    e.call(1)
+    e.emit(e.inst("POP_TOP"))
+
+
+def _call_resume(e, brk, n_stack: int, ret: bool = True) -> None:
+    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack); then
+    continue the enclosing frames (nested breaks) with its result, and return."""
+    temps = [e.temp("s") for _ in range(n_stack)]
+    for t in reversed(temps):
+        e.emit(e.b.store_fast(t))
+    for v in brk.locals:
+        if v is None:
+            e.emit(e.b.load_const(None))
+        else:
+            e.emit_out(v)
+    for t in temps:
+        e.emit(e.b.load_fast(t))
+    e.call(len(brk.locals) + n_stack)
+    if not ret:
+        return
+    for frame in reversed(getattr(brk, "outer", ())):
+        r = e.temp("r")
+        e.emit(e.b.store_fast(r))
+        nulls = tuple(NULL if v is None else ITER if it else VALUE
+                      for v, it in zip(frame.stack, frame.iters))
+        e.load_callable(_resume_function(e, frame, _next_offset(frame.code, frame.offset),
+                                         nulls + (VALUE,)))
+        _push(e, frame.stack)
+        e.emit(e.b.load_fast(r))
+        _call_resume(e, frame, sum(1 for v in frame.stack if v is not None) + 1, ret=False)
+    e.ret()
+
+
+def _push(e, values) -> None:
+    for v in values:
+        if v is not None:
+            e.emit_out(v)
+
+
+def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
+    _set_grad(e, brk.grad_mode)
+    n_low = len(brk.stack) - brk.n_inputs
+    lower, inputs = brk.stack[:n_low], brk.stack[n_low:]
+    if any(brk.iters[n_low:]):
+        raise TypeError("codegen: an iterator among a breaking instruction's inputs")
+    nulls = tuple(NULL if v is None else ITER if it else VALUE
+                  for v, it in zip(lower, brk.iters))
+    n_lower = sum(1 for v in lower if v is not None)
+    if brk.kind == "call":
+        fn = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls + (VALUE,))
+        e.load_callable(fn)
+        _push(e, lower)
+        for v in inputs:
+            if v is None:
+                e.emit(e.inst("PUSH_NULL"))
+            else:
+                e.emit_out(v)
+        start = len(e.insts)
+        if brk.opname == "CALL":
+            e.call(brk.arg, brk.kw_names)
+        else:
+            e.emit(e.inst(brk.opname, brk.arg))
+        if brk.grad_on_error is not None:
+            _protect(e, start, brk.grad_on_error)
+        _call_resume(e, brk, n_lower + 1)
+        return
+    # a conditional jump on a value only known when the graph has run
+    fn_next = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls)
+    fn_jump = _resume_function(e, brk, _jump_target_offset(brk.code, brk.offset), nulls)
+    e.emit_out(inputs[0])
+    if _VERSION >= (3, 13):
+        e.emit(e.inst("TO_BOOL"))
+    jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
+    e.emit(jump)
+    e.load_callable(fn_next)
+    _push(e, lower)
+    _call_resume(e, brk, n_lower)
+    first = len(e.insts)
+    e.load_callable(fn_jump)
+    jump.target = e.insts[first]
+    _push(e, lower)
+    _call_resume(e, brk, n_lower)
+
+
+def _protect(e, start: int, grad_mode: bool) -> None:
+    """An exception from the instructions since `start` leaves grad mode as the enclosing
+    `with` blocks would (`grad_mode`), then propagates."""
+    handler = [e.inst("PUSH_EXC_INFO")]
+    e_insts = e.insts
+    e.insts = handler
+    _set_grad(e, grad_mode)
+    e.insts = e_insts
+    handler.append(e.inst("RERAISE", 0))
+    cleanup = [e.inst("COPY", 3), e.inst("POP_EXCEPT"), e.inst("RERAISE", 1)]
+    on_error = bytecode.ExnHandler(handler[0], 0, False)
+    on_cleanup = bytecode.ExnHandler(cleanup[0], 1, True)
+    for i in e.insts[start:]:
+        i.exn = on_error
+    for i in handler:
+        i.exn = on_cleanup
+    e.tail += handler + cleanup
