@@ -151,6 +151,7 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
         _GRAPH: graph_fn,
         _SEF: _C.set_eval_frame if hasattr(_C, "set_eval_frame") else (lambda cb: None),
         **bindings,
+        **env.bindings,
     }
     # Pad so that the `def` sits on the original first line: errors inside the graph point at
     # the first lines of the user's function.

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import operators as ops
-from ferrodyn.variables.base import VariableTracker, unsupported
-from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
+from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
+from ferrodyn.variables.constant import ConstantVariable, fold, is_constant_value, wrap_constant
 from ferrodyn.variables.dicts import DictVariable, dict_key
 from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
 
@@ -31,13 +31,20 @@ def _c(v) -> ConstantVariable:
     return ConstantVariable(value=v)
 
 
-def _consts(tx, args) -> list | None:
+def _consts(tx, args, *, copies_ok: bool = False) -> list | None:
+    """The constant values of `args`, or None. Only immutable values unless `copies_ok` (the
+    caller runs a pure function that returns a new scalar): `as_python_constant()` of a list,
+    dict or set tracker is a *copy*, which a folded function could mutate (`list.append(xs, 3)`)
+    or return in place of the original object (`max([xs, ys])`)."""
     vals = []
     for a in args:
         a = tx.realize(a)
         if not a.is_python_constant():
             return None
-        vals.append(a.as_python_constant())
+        value = a.as_python_constant()
+        if not copies_ok and not is_constant_value(value):
+            return None
+        vals.append(value)
     return vals
 
 
@@ -52,7 +59,10 @@ def _const_arg(tx, v: VariableTracker, what: str) -> Any:
 # ---- handlers (tx, *args, **kwargs) ------------------------------------------------------------
 
 def _len(tx, obj):
-    return _c(tx.realize(obj).length(tx))
+    obj = tx.realize(obj)
+    if not instance_has_attr(obj.python_type(), "__len__"):  # iterators, generators...
+        unsupported(f"TypeError: len() of {obj.describe()}", BreakReason.EXCEPTION)
+    return _c(obj.length(tx))
 
 
 def _type_of(tx, v: VariableTracker) -> type:
@@ -186,7 +196,7 @@ def _dict(tx, arg=None, **kwargs):
 
 def _scalar(fn):
     def handler(tx, *args):
-        vals = _consts(tx, args)
+        vals = _consts(tx, args, copies_ok=True)  # int/str/repr/format... of a copy: pure
         if vals is None:
             v = tx.realize(args[0])
             if fn is bool:
@@ -218,13 +228,10 @@ def _next(tx, it, default=None):
 
 
 def _callable(tx, obj):
-    from ferrodyn.variables.tensor import TensorVariable
-    obj = tx.realize(obj)
-    if obj.is_python_constant():
-        return _c(callable(obj.as_python_constant()))
-    if isinstance(obj, (TensorVariable, ListVariable, TupleVariable, DictVariable)):
-        return _c(False)
-    return _c(callable(getattr(obj, "value", None)) or obj.has_attr(tx, "__call__"))
+    """CPython: `callable(o)` is whether `type(o)` has a `__call__` slot; the tracker's
+    python_type() is exact or refuses, so no kind of tracker is guessed."""
+    cls = _type_of(tx, obj)
+    return _c(any("__call__" in vars(klass) for klass in cls.__mro__))
 
 
 def _sorted(tx, iterable, key=None, reverse=None):
@@ -368,6 +375,8 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
+    operator.setitem: lambda tx, a, b, c: _c(tx.realize(a).setitem(tx, b, c)),
+    operator.delitem: lambda tx, a, b: _c(tx.realize(a).delitem(tx, b)),
     operator.index: _scalar(operator.index),
     operator.not_: lambda tx, a: _c(not tx.realize(a).truth(tx)),
     operator.truth: lambda tx, a: _c(tx.realize(a).truth(tx)),
@@ -475,9 +484,36 @@ class _BuiltinTypeMethod(VariableTracker):
         if vals is not None:
             return wrap_constant(fold(getattr(self.owner, self.name), *vals[:len(args)],
                                       **dict(zip(kwargs, vals[len(args):]))))
-        if args and issubclass(tx.realize(args[0]).python_type(), self.owner):
-            return tx.realize(args[0]).call_method(tx, self.name, list(args[1:]), kwargs)
-        unsupported(f"{self.owner.__name__}.{self.name}", BreakReason.UNSUPPORTED_BUILTIN)
+        if not args:
+            unsupported(f"{self.owner.__name__}.{self.name}()", BreakReason.UNSUPPORTED_BUILTIN)
+        first = tx.realize(args[0])
+        if not issubclass(first.python_type(), self.owner):
+            unsupported(f"TypeError: {self.owner.__name__}.{self.name} on {first.describe()}",
+                        BreakReason.EXCEPTION)
+        protocol = SLOT_PROTOCOL.get(self.name)
+        if protocol is not None and not kwargs:
+            return protocol(tx, first, *args[1:])
+        return first.call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+def _slot_result(fn):
+    def handler(tx, obj, *args):
+        res = fn(tx, obj, *args)
+        return res if isinstance(res, VariableTracker) else _c(res)
+    return handler
+
+
+# Slot wrappers called through the type (`dict.__setitem__(d, k, v)`, `list.__len__(xs)`):
+# the tracker protocol method that the slot stands for.
+SLOT_PROTOCOL: dict[str, Callable] = {
+    "__getitem__": _slot_result(lambda tx, o, k: o.getitem(tx, k)),
+    "__setitem__": _slot_result(lambda tx, o, k, v: o.setitem(tx, k, v)),
+    "__delitem__": _slot_result(lambda tx, o, k: o.delitem(tx, k)),
+    "__len__": _slot_result(lambda tx, o: o.length(tx)),
+    "__contains__": _slot_result(lambda tx, o, k: o.contains(tx, tx.realize(k))),
+    "__iter__": _slot_result(lambda tx, o: o.iterator(tx)),
+    "__bool__": _slot_result(lambda tx, o: o.truth(tx)),
+}
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.trace_result import OutDict
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import instance_has_attr, VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
 
@@ -107,7 +107,7 @@ class DictVariable(VariableTracker):
         unsupported(f"attribute {name!r} of dict", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        return hasattr(self.state.cls, name)
+        return instance_has_attr(self.state.cls, name)
 
     def call_method(self, tx, name, args, kwargs):
         handler = _DICT_METHODS.get(name)

@@ -18,7 +18,7 @@ from typing import Any
 from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
-from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.base import LazyVariable, VariableTracker, instance_has_attr, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.lists import TupleVariable
 
@@ -303,7 +303,7 @@ class NamedTupleVariable(TupleVariable):
         return super().var_getattr(tx, name)
 
     def has_attr(self, tx, name):
-        return name in self._fields() or hasattr(self.cls, name)
+        return name in self._fields() or instance_has_attr(self.cls, name)
 
     def getitem(self, tx, index):
         got = super().getitem(tx, index)
