@@ -50,11 +50,12 @@ def run_all(fn, *args):
 
 
 def check_one_graph_like_torch(fn, *args):
-    """Results equal eager's; ferrodyn makes as many graphs as torch.compile, and its explain
-    lists no frame run eagerly."""
+    """Results equal eager's; ferrodyn captures the frame in one graph with no frame run
+    eagerly, and torch.compile makes no more graphs than that (it makes one too, or breaks
+    the frame and makes none)."""
     _, _, fd, tc = run_all(fn, *args)
     ferrodyn.reset()
     reasons = ferrodyn.explain(fn)(*copy.deepcopy(args)).break_reasons
     assert reasons == [], reasons
-    assert fd == tc, (fd, tc)
+    assert fd == 1 and tc <= fd, f"ferrodyn made {fd} graphs, torch.compile {tc}"
     return fd

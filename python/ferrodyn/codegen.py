@@ -140,6 +140,7 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
             body.append(f"finally: {_SEF}({_PRIOR})")
         else:
             body.append(f"{_OUT} = {_GRAPH}({args})")
+    body += [emit.expr(effect) for effect in result.side_effects]  # for their effect only
     body.append(f"return {emit.expr(result.output)}")
     src = f"def {_ENTRY}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
 

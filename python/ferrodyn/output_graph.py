@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind, GuardSpec
 from ferrodyn.source import Source
-from ferrodyn.trace_result import OutGraph, OutSource, TraceResult
+from ferrodyn.trace_result import OutCall, OutGraph, OutSource, TraceResult
 from ferrodyn.variables.base import VariableTracker, unsupported
 
 
@@ -43,6 +43,9 @@ class OutputGraph:
         self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
+        # calls made for their effect only (`warnings.warn`), replayed by the entry after the
+        # graph, in program order: (function, argument trackers, keyword names)
+        self.replayed_calls: list[tuple[Any, tuple, tuple]] = []
         self.install_guard(None, GuardKind.GLOBAL_STATE)
 
     # -- guards ------------------------------------------------------------------------------
@@ -116,9 +119,12 @@ class OutputGraph:
 
         tx.graph_output = graph_output
         out = value.reconstruct(tx)
+        effects = tuple(OutCall(fn, tuple(tx.realize(a).reconstruct(tx) for a in args), kwnames)
+                        for fn, args, kwnames in self.replayed_calls)
         self.graph.output(tuple(outputs))
         self.graph.lint()
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
         return TraceResult(graph=gm, graph_inputs=list(self.graph_inputs),
                            example_inputs=list(self.example_inputs), output=out,
-                           guards=list(self.guards.values()), notes=list(self.notes))
+                           guards=list(self.guards.values()), notes=list(self.notes),
+                           side_effects=effects)

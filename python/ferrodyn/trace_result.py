@@ -83,3 +83,4 @@ class TraceResult:
     output: Out
     guards: list[GuardSpec] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # for explain(): ops, decisions
+    side_effects: tuple[Out, ...] = ()

@@ -2,8 +2,8 @@
 
 Owns `BuiltinVariable` (a builtin function or builtin type such as `int`, `list`), the
 `BUILTIN_HANDLERS` table (one small function per builtin: len, isinstance, range, zip, min,
-getattr, super, ...), the allow-list of functions safe to constant-fold, and the table of
-functions that are ignored (`warnings.warn`). Anything not in a table is unsupported.
+getattr, super, ...), the allow-list of functions safe to constant-fold, and the calls replayed
+after the graph (`warnings.warn`). Anything not in a table is unsupported.
 Does not own operators between trackers (operators.py), which several entries delegate to.
 """
 
@@ -69,8 +69,23 @@ def _type_of(tx, v: VariableTracker) -> type:
     return tx.realize(v).python_type()
 
 
+def _classinfo(tx, classinfo):
+    """A class, tuple of classes or `typing` alias (`typing.List`, `typing.Mapping`: objects
+    of typing's own types, identified by identity) for isinstance/issubclass."""
+    from ferrodyn.guard_spec import GuardKind
+    v = tx.realize(classinfo)
+    value = getattr(v, "value", None)
+    if not v.is_python_constant() and type(value).__module__ == "typing":
+        if v.source is not None:
+            tx.output.install_guard(v.source, GuardKind.ID_MATCH, value)
+        return value
+    if isinstance(v, TupleVariable):
+        return tuple(_classinfo(tx, i) for i in v.unpack(tx))
+    return _const_arg(tx, v, "isinstance")
+
+
 def _isinstance(tx, obj, classinfo):
-    cls = _const_arg(tx, classinfo, "isinstance")
+    cls = _classinfo(tx, classinfo)
     try:
         return _c(issubclass(_type_of(tx, obj), cls))
     except TypeError as e:
@@ -317,6 +332,46 @@ def _islice(tx, iterable, *args):
     return IteratorVariable.over(_items(tx, iterable)[slice(*bounds)])
 
 
+def _chain_from_iterable(tx, iterables):
+    return _chain(tx, *_items(tx, iterables))
+
+
+def _reduce(tx, fn, iterable, *initial):
+    fn, items = tx.realize(fn), _items(tx, iterable)
+    if not initial and not items:
+        unsupported("TypeError: reduce() of empty iterable with no initial value",
+                    BreakReason.EXCEPTION)
+    acc, rest = (initial[0], items) if initial else (items[0], items[1:])
+    for item in rest:
+        acc = fn.call_function(tx, [acc, item], {})
+    return acc
+
+
+def _accumulate(tx, iterable, func=None, *, initial=None):
+    items = _items(tx, iterable)
+    fn = None if func is None else tx.realize(func)
+    out = [] if initial is None else [initial]
+    for item in items:
+        if not out:
+            out.append(item)
+            continue
+        out.append(ops.binary_op(tx, operator.add, out[-1], item) if fn is None
+                   else fn.call_function(tx, [out[-1], item], {}))
+    return IteratorVariable.over(out)
+
+
+def _pairwise(tx, iterable):
+    items = _items(tx, iterable)
+    return IteratorVariable.over(TupleVariable(items=(a, b)) for a, b in zip(items, items[1:]))
+
+
+def _zip_longest(tx, *iterables, fillvalue=None):
+    fill = _c(None) if fillvalue is None else fillvalue
+    seqs = [_items(tx, it) for it in iterables]
+    return IteratorVariable.over(TupleVariable(items=t)
+                                 for t in itertools.zip_longest(*seqs, fillvalue=fill))
+
+
 def _pow(tx, base, exp, mod=None):
     if mod is not None:
         return _scalar(pow)(tx, base, exp, mod)
@@ -343,16 +398,35 @@ def _object_setattr(tx, obj, name, value):
     return _c(None)
 
 
+def _object_getattribute(tx, obj, name):
+    """`object.__getattribute__(obj, name)`: the generic lookup, past any override."""
+    from ferrodyn.variables.user_objects import ObjectLike
+    obj, attr = tx.realize(obj), _const_arg(tx, name, "object.__getattribute__")
+    if isinstance(obj, ObjectLike):
+        return obj.generic_getattr(tx, attr)
+    return obj.var_getattr(tx, attr)
+
+
+def _type_call(tx, cls, *args, **kwargs):
+    """`type.__call__(cls, *args)`: `cls(*args)`."""
+    return tx.realize(cls).call_function(tx, list(args), kwargs)
+
+
+def _replayed(fn):
+    """A call made for its effect (`warnings.warn`): recorded now, run by the entry after the
+    graph (TraceResult.side_effects), never dropped. Its arguments must be reconstructible."""
+    def handler(tx, *args, **kwargs):
+        tx.output.replayed_calls.append((fn, (*args, *kwargs.values()), tuple(kwargs)))
+        return _c(None)
+    return handler
+
+
 def _operator_binary(fn):
     return lambda tx, a, b: ops.binary_op(tx, fn, a, b)
 
 
 def _operator_compare(fn):
     return lambda tx, a, b: ops.compare_op(tx, fn, a, b)
-
-
-def _noop(tx, *args, **kwargs):
-    return _c(None)
 
 
 BUILTIN_HANDLERS: dict[Any, Callable] = {
@@ -369,9 +443,13 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
+    object.__getattribute__: _object_getattribute,
+    type.__call__: _type_call,
     tuple.__new__: _tuple_new,
     itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
-    itertools.islice: _islice,
+    itertools.islice: _islice, itertools.chain.from_iterable: _chain_from_iterable,
+    itertools.accumulate: _accumulate, itertools.pairwise: _pairwise,
+    itertools.zip_longest: _zip_longest, functools.reduce: _reduce,
     set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
@@ -387,7 +465,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     operator.pos: lambda tx, a: ops.unary_op(tx, operator.pos, a),
     operator.invert: lambda tx, a: ops.unary_op(tx, operator.invert, a),
     operator.abs: _abs,
-    warnings.warn: _noop,
+    warnings.warn: _replayed(warnings.warn),
 }
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))

@@ -60,7 +60,31 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
         return tx.realize(fget).call_function(tx, [self_tracker], {})
     if isinstance(attr, types.FunctionType):
         return _lazy(attr, src)
+    if isinstance(attr, _SLOT_TYPES) and self_tracker is not None:
+        # `object.__getattribute__`, `dict.get`... reached through an instance (`super()` in a
+        # `__getattribute__` override): the builtin bound to the instance
+        from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
+        if not is_builtin_like(attr):
+            unsupported(f"{type(attr).__name__} {cls.__name__}.{name}",
+                        BreakReason.UNSUPPORTED_CALL)
+        return BoundMethodVariable(func=BuiltinVariable(fn=attr), obj=self_tracker)
     return _lazy(getattr(cls, name), src)
+
+
+def _is_module_getattr(hook) -> bool:
+    """nn.Module.__getattr__ consults only the dicts that `fallback_attr` reads, else raises."""
+    import torch
+    return hook is torch.nn.Module.__getattr__
+
+
+_SLOT_TYPES = (types.WrapperDescriptorType, types.MethodDescriptorType)
+
+
+def BoundMethodVariable_(fn: types.FunctionType, obj: VariableTracker, slot: str):
+    """`fn` bound to `obj` (a slot method found on obj's class, read without a Source: the
+    class is guarded by obj's TYPE_MATCH)."""
+    from ferrodyn.variables.functions import BoundMethodVariable
+    return BoundMethodVariable(func=_lazy(fn, None), obj=obj)
 
 
 class ObjectLike(VariableTracker):
@@ -82,6 +106,27 @@ class ObjectLike(VariableTracker):
         return self.obj_type()
 
     def var_getattr(self, tx, name):
+        """`obj.name`: the class's `__getattribute__` when it overrides object's (inlined when it
+        is Python code), else the generic lookup, then the class's `__getattr__`."""
+        override = self._override("__getattribute__")
+        if override is not None:
+            return tx.realize(override).call_function(tx, [ConstantVariable(value=name)], {})
+        return self.generic_getattr(tx, name)
+
+    def _override(self, slot: str) -> VariableTracker | None:
+        """The bound Python method overriding object's `slot`, None when not overridden;
+        refuses when the override is not Python code."""
+        cls = self.obj_type()
+        attr = lookup_class_attr(cls, slot)
+        if attr is _ABSENT or attr is getattr(object, slot, _ABSENT):
+            return None
+        if not isinstance(attr, types.FunctionType):
+            unsupported(f"{cls.__name__}.{slot} is not Python code", BreakReason.UNSUPPORTED_CALL)
+        return BoundMethodVariable_(attr, self, slot)
+
+    def generic_getattr(self, tx, name):
+        """`object.__getattribute__(obj, name)` (then `__getattr__`, as `slot_tp_getattr_hook`
+        does)."""
         cls = self.obj_type()
         if name == "__class__":
             return ClassVariable(source=self.type_source(), value=cls)
@@ -99,18 +144,38 @@ class ObjectLike(VariableTracker):
         fb = self.fallback_attr(tx, name)
         if fb is not None:
             return fb
-        if lookup_class_attr(cls, "__getattr__") is not _ABSENT:
-            unsupported(f"{cls.__name__}.__getattr__({name!r})", BreakReason.UNSUPPORTED_CALL)
+        getattr_hook = lookup_class_attr(cls, "__getattr__")
+        if getattr_hook is not _ABSENT:
+            if _is_module_getattr(getattr_hook) or \
+                    not isinstance(getattr_hook, types.FunctionType):
+                unsupported(f"{cls.__name__}.__getattr__({name!r})", BreakReason.UNSUPPORTED_CALL)
+            if self.source is not None:
+                self.guard_absence(tx)
+            return tx.realize(BoundMethodVariable_(getattr_hook, self, "__getattr__")).call_function(
+                tx, [ConstantVariable(value=name)], {})
         unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}",
                     BreakReason.EXCEPTION)
+
+    def guard_absence(self, tx) -> None:
+        """An attribute found absent stays absent (objects from the frame guard it)."""
 
     def descriptor_attr(self, tx, name):
         unsupported(f"descriptor attribute {name!r}", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        if lookup_class_attr(self.obj_type(), name) is not _ABSENT:
+        cls = self.obj_type()
+        if self._override("__getattribute__") is not None:
+            unsupported(f"hasattr on a {cls.__name__} object (it overrides __getattribute__)",
+                        BreakReason.UNSUPPORTED_CALL)
+        if lookup_class_attr(cls, name) is not _ABSENT:
             return True
-        return self.instance_attr(tx, name) is not None or self.fallback_attr(tx, name) is not None
+        found = self.instance_attr(tx, name) is not None or \
+            self.fallback_attr(tx, name) is not None
+        hook = lookup_class_attr(cls, "__getattr__")
+        if not found and hook is not _ABSENT and not _is_module_getattr(hook):
+            unsupported(f"hasattr on a {cls.__name__} object (its __getattr__ decides)",
+                        BreakReason.UNSUPPORTED_CALL)
+        return found
 
     def _dunder(self, tx, name):
         attr = lookup_class_attr(self.obj_type(), name)
@@ -386,7 +451,7 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
         unsupported(f"creating a {cls.__name__} inside the traced code",
                     BreakReason.UNSUPPORTED_CALL)
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
-            type(cls) is not type:
+            type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
     obj = NewObjectVariable(cls=cls, state=ObjState({}))
     init = lookup_class_attr(cls, "__init__")
@@ -412,16 +477,28 @@ class SuperVariable(VariableTracker):
         return f"super({self.cls.__name__})"
 
     def var_getattr(self, tx, name):
-        mro = self.obj.python_type().__mro__
-        start = mro.index(self.cls) + 1
-        for klass in mro[start:]:
+        obj = tx.realize(self.obj)
+        if isinstance(obj, ClassVariable) and issubclass(obj.value, self.cls):
+            owner, inst = obj.value, None  # super(cls, subclass): in classmethods
+        else:
+            owner, inst = obj.python_type(), obj
+        mro = owner.__mro__
+        if self.cls not in mro:
+            unsupported(f"TypeError: super({self.cls.__name__}, obj): obj is not an instance "
+                        f"or subtype", BreakReason.EXCEPTION)
+        for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
-                if attr is object.__init__:
+                if attr is object.__init__ and inst is not None:
                     from ferrodyn.variables.builtins import NoOpFunction
                     return NoOpFunction(name="object.__init__")
-                return class_attr_tracker(tx, klass, None, name, attr, self.obj)
-        unsupported(f"super().{name}", BreakReason.EXCEPTION)
+                if isinstance(attr, classmethod):  # bound to the class looked up from
+                    from ferrodyn.variables.functions import BoundMethodVariable
+                    cls_var = obj if inst is None else ClassVariable(
+                        source=_sub(obj.source, TypeSource), value=owner)
+                    return BoundMethodVariable(func=_lazy(attr.__func__, None), obj=cls_var)
+                return class_attr_tracker(tx, klass, None, name, attr, inst)
+        unsupported(f"AttributeError: super().{name}", BreakReason.EXCEPTION)
 
 
 @dataclass(frozen=True, eq=False)
