@@ -64,6 +64,10 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
         # `object.__getattribute__`, `dict.get`... reached through an instance (`super()` in a
         # `__getattribute__` override): the builtin bound to the instance
         from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
+        from ferrodyn.variables.dict_objects import dict_part_method
+        part = dict_part_method(self_tracker, attr, name)
+        if part is not None:
+            return part
         if not is_builtin_like(attr):
             unsupported(f"{type(attr).__name__} {cls.__name__}.{name}",
                         BreakReason.UNSUPPORTED_CALL)
@@ -77,6 +81,8 @@ def _is_module_getattr(hook) -> bool:
     return hook is torch.nn.Module.__getattr__
 
 
+# Builtin types whose `__getattribute__`/`__setattr__` slots are object's generic ones.
+_GENERIC_ATTR_OWNERS = (object, dict, list, tuple, set, int, float, str)
 _SLOT_TYPES = (types.WrapperDescriptorType, types.MethodDescriptorType)
 
 
@@ -118,7 +124,9 @@ class ObjectLike(VariableTracker):
         refuses when the override is not Python code."""
         cls = self.obj_type()
         attr = lookup_class_attr(cls, slot)
-        if attr is _ABSENT or attr is getattr(object, slot, _ABSENT):
+        if attr is _ABSENT or attr is getattr(object, slot, _ABSENT) or \
+                getattr(attr, "__objclass__", None) in _GENERIC_ATTR_OWNERS and \
+                isinstance(attr, types.WrapperDescriptorType):
             return None
         if not isinstance(attr, types.FunctionType):
             unsupported(f"{cls.__name__}.{slot} is not Python code", BreakReason.UNSUPPORTED_CALL)
@@ -219,6 +227,18 @@ class ObjectLike(VariableTracker):
             unsupported(f"indexing {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
         return tx.realize(fn).call_function(tx, [index], {})
 
+    def setitem(self, tx, index, value):
+        fn = self._dunder(tx, "__setitem__")
+        if fn is None:
+            unsupported(f"item assignment on {self.describe()}", BreakReason.SIDE_EFFECT)
+        tx.realize(fn).call_function(tx, [index, value], {})
+
+    def delitem(self, tx, index):
+        fn = self._dunder(tx, "__delitem__")
+        if fn is None:
+            unsupported(f"item deletion on {self.describe()}", BreakReason.SIDE_EFFECT)
+        tx.realize(fn).call_function(tx, [index], {})
+
     def contains(self, tx, item):
         fn = self._dunder(tx, "__contains__")
         if fn is not None:
@@ -274,9 +294,10 @@ class UserObjectVariable(ObjectLike):
         return _lazy(value, _sub(self.source, lambda s: AttrSource(s, name)))
 
 
-@dataclass
+@dataclass(eq=False)
 class ObjState:
     attrs: dict
+    dict_view: Any = None  # the DictState behind `obj.__dict__`, made on first use
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,9 +323,19 @@ class NewObjectVariable(ObjectLike):
         return self.state.attrs.get(name)
 
     def setattr(self, tx, name, value):
-        if lookup_class_attr(self.cls, "__setattr__") is not object.__setattr__:
-            unsupported(f"{self.cls.__name__}.__setattr__", BreakReason.UNSUPPORTED_CALL)
+        override = self._override("__setattr__")
+        if override is not None:
+            tx.realize(override).call_function(tx, [ConstantVariable(value=name), value], {})
+            return
         self.raw_setattr(tx, name, value)
+
+    def descriptor_attr(self, tx, name):
+        if name == "__dict__":  # a live view of the attributes: one dict per object
+            from ferrodyn.variables.dicts import DictState, DictVariable
+            if self.state.dict_view is None:
+                self.state.dict_view = DictState(self.state.attrs)
+            return DictVariable(state=self.state.dict_view)
+        return super().descriptor_attr(tx, name)
 
     def raw_setattr(self, tx, name, value):
         attr = lookup_class_attr(self.cls, name)
@@ -450,6 +481,9 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         unsupported(f"creating a {cls.__name__} inside the traced code",
                     BreakReason.UNSUPPORTED_CALL)
+    from ferrodyn.variables.dict_objects import construct_dict_object, dict_base
+    if dict_base(cls) is not None and type(cls).__call__ is type.__call__:
+        return construct_dict_object(tx, cls, args, kwargs)
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
             type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
