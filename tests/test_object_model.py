@@ -211,3 +211,75 @@ def test_warnings_warn_is_replayed_after_the_graph_on_every_call():
         assert torch.equal(out, torch.full((2,), 2.0))
         assert [str(w.message) for w in caught] == ["careful"]
         assert caught[0].category is UserWarning
+
+
+class MappedConfig:
+    """PretrainedConfig's pattern: names mapped in __getattribute__, hasattr/getattr(default)
+    asked of present and absent names."""
+    attribute_map = {"hidden_size": "d_model"}
+
+    def __init__(self):
+        self.d_model = 4
+        self.use_cache = True
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+MAPPED = MappedConfig()
+
+
+@pytest.mark.parametrize("name", ["hidden_size", "d_model", "use_cache", "absent", "attribute_map"])
+def test_hasattr_and_getattr_default_through_a_getattribute_override(name):
+    def fn(x):
+        found = hasattr(MAPPED, name)
+        v = getattr(MAPPED, name, None)
+        return (x + 1 if found else x - 1), v is None
+
+    check_one_graph_like_torch(fn, torch.ones(2))
+
+
+def test_absent_attribute_seen_by_a_probe_is_guarded():
+    cfg = MappedConfig()
+
+    def fn(x, c):
+        return x * 2 if hasattr(c, "extra") else x * 3
+
+    c = ferrodyn.compile(fn, backend="eager")
+    x = torch.ones(2)
+    assert torch.equal(c(x, cfg), fn(x, cfg))
+    cfg.extra = 1
+    assert torch.equal(c(x, cfg), fn(x, cfg))
+
+
+def test_eager_frames_reading_an_overriding_object_do_not_recurse_through_guards():
+    cfg = MappedConfig()
+
+    def fn(x):
+        print("eager")  # the frame runs eagerly; the override's frames run as they are
+        return x * cfg.hidden_size + cfg.d_model
+
+    c = ferrodyn.compile(fn, backend="eager")
+    for _ in range(3):
+        assert torch.equal(c(torch.ones(2)), fn(torch.ones(2)))
+
+
+def test_id_of_objects_from_the_frame_is_guarded_by_identity():
+    a, b = Base(), Base()
+
+    def fn(x, o):
+        return x + (1 if id(o) == id(a) else 2)
+
+    c = ferrodyn.compile(fn, backend="eager")
+    x = torch.ones(2)
+    for o in (a, b, a):
+        assert torch.equal(c(x, o), fn(x, o))
+
+
+def test_id_of_a_new_object_is_refused_not_guessed():
+    def fn(x):
+        return x + (1 if id(Base()) > 0 else 2)
+
+    run_all(fn, torch.ones(2))

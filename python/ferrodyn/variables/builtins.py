@@ -15,6 +15,7 @@ import functools
 import itertools
 import math
 import operator
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -408,6 +409,19 @@ def _object_getattribute(tx, obj, name):
     return obj.var_getattr(tx, attr)
 
 
+def _id(tx, obj):
+    """`id(obj)` of an object the tracker holds (identity key `("obj", id)`): from the frame it
+    is guarded by identity; trackers of values made in the frame have no id yet: refused."""
+    from ferrodyn.guard_spec import GuardKind
+    v = tx.realize(obj)
+    value = getattr(v, "value", getattr(v, "fn", None))
+    if value is None or v.identity() != ("obj", id(value)):
+        unsupported(f"id() of {v.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+    if v.source is not None:
+        tx.output.install_guard(v.source, GuardKind.ID_MATCH, value)
+    return _c(id(value))
+
+
 def _type_call(tx, cls, *args, **kwargs):
     """`type.__call__(cls, *args)`: `cls(*args)`."""
     return tx.realize(cls).call_function(tx, list(args), kwargs)
@@ -440,7 +454,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
-    id: _unsupported("id", BreakReason.UNSUPPORTED_BUILTIN),
+    id: _id,
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
@@ -480,6 +494,8 @@ FOLDABLE: frozenset = frozenset(
     | {v for v in vars(operator).values() if callable(v)}
     | {builtins.divmod, builtins.pow, builtins.chr, builtins.ord, builtins.hash,
        builtins.bin, builtins.hex, builtins.oct, builtins.ascii}
+    # interpreter settings read as limits (inspect.unwrap): not guarded, like torch's own
+    | {sys.getrecursionlimit}
 )
 
 

@@ -93,6 +93,15 @@ def BoundMethodVariable_(fn: types.FunctionType, obj: VariableTracker, slot: str
     return BoundMethodVariable(func=_lazy(fn, None), obj=obj)
 
 
+class AttributeAbsent(Exception):
+    """Control-flow signal of a `hasattr` probe (ObjectLike._probe_override): the generic lookup
+    found no attribute, called directly from the probed `__getattribute__` frame."""
+
+
+# code objects of the `__getattribute__` overrides being probed by hasattr, innermost last
+_PROBES: list = []
+
+
 class ObjectLike(VariableTracker):
     """Shared attribute lookup of objects whose attributes live in a `__dict__`."""
 
@@ -161,8 +170,31 @@ class ObjectLike(VariableTracker):
                 self.guard_absence(tx)
             return tx.realize(BoundMethodVariable_(getattr_hook, self, "__getattr__")).call_function(
                 tx, [ConstantVariable(value=name)], {})
+        if _PROBES and _PROBES[-1] is tx.code:
+            if self.source is not None:
+                self.guard_absence(tx)
+            raise AttributeAbsent(name)
         unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}",
                     BreakReason.EXCEPTION)
+
+    def _probe_override(self, tx, cls, override, name) -> bool:
+        """`hasattr(obj, name)` through a Python `__getattribute__`: CPython runs the override and
+        catches AttributeError. The override is inlined; when its own frame asks the generic
+        lookup for an absent name, the lookup raises `AttributeAbsent` instead of giving up,
+        which ends the probe: False (what the override did until then happened in CPython too).
+        Overrides with exception handlers could catch the error themselves: refused."""
+        code = lookup_class_attr(cls, "__getattribute__").__code__
+        if code.co_exceptiontable:
+            unsupported(f"hasattr on a {cls.__name__} object (its __getattribute__ handles "
+                        f"exceptions)", BreakReason.UNSUPPORTED_CALL)
+        _PROBES.append(code)
+        try:
+            tx.realize(override).call_function(tx, [ConstantVariable(value=name)], {})
+        except AttributeAbsent:
+            return False
+        finally:
+            _PROBES.pop()
+        return True
 
     def guard_absence(self, tx) -> None:
         """An attribute found absent stays absent (objects from the frame guard it)."""
@@ -172,9 +204,9 @@ class ObjectLike(VariableTracker):
 
     def has_attr(self, tx, name):
         cls = self.obj_type()
-        if self._override("__getattribute__") is not None:
-            unsupported(f"hasattr on a {cls.__name__} object (it overrides __getattribute__)",
-                        BreakReason.UNSUPPORTED_CALL)
+        override = self._override("__getattribute__")
+        if override is not None:
+            return self._probe_override(tx, cls, override, name)
         if lookup_class_attr(cls, name) is not _ABSENT:
             return True
         found = self.instance_attr(tx, name) is not None or \
