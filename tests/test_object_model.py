@@ -283,3 +283,42 @@ def test_id_of_a_new_object_is_refused_not_guessed():
         return x + (1 if id(Base()) > 0 else 2)
 
     run_all(fn, torch.ones(2))
+
+
+GET_SECOND = operator.itemgetter(1)
+GET_SCALE = operator.attrgetter("scale")
+
+
+class Node:
+    def __init__(self):
+        self.child = Base()
+
+
+GETTERS = {
+    "itemgetter_global": lambda x: GET_SECOND([x, x * 2]),
+    "itemgetter_made": lambda x: sum(operator.itemgetter(0, 2)([x, x * 2, x * 3])),
+    "attrgetter_global": lambda x: x * GET_SCALE(Derived()),
+    "attrgetter_dotted": lambda x: x * operator.attrgetter("child.scale")(Node()),
+    "methodcaller": lambda x: operator.methodcaller("index", 3)([1, 3]) * x,
+    "sorted_by_itemgetter": lambda x: sorted([(2, x), (1, x * 3)], key=operator.itemgetter(0))[0][1],
+    "class_dict_membership": lambda x: x + 1 if "plus" in Base.__dict__ else x - 1,
+    "class_dict_keys": lambda x: x * len([k for k in Derived.__dict__ if not k.startswith("_")]),
+}
+
+
+@pytest.mark.parametrize("name", list(GETTERS))
+def test_operator_getters_and_class_dicts(name):
+    check_one_graph_like_torch(GETTERS[name], torch.ones(3))
+
+
+def test_class_dict_read_in_the_frame_is_guarded():
+    class Late:
+        pass
+
+    def fn(x):
+        return x + 1 if "extra" in Late.__dict__ else x - 1
+
+    c = ferrodyn.compile(fn, backend="eager")
+    assert torch.equal(c(torch.ones(2)), fn(torch.ones(2)))
+    Late.extra = 1
+    assert torch.equal(c(torch.ones(2)), fn(torch.ones(2)))
