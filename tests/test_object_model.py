@@ -9,6 +9,7 @@ import collections
 import collections.abc
 import contextlib
 import functools
+import inspect
 import itertools
 import operator
 import typing
@@ -322,3 +323,73 @@ def test_class_dict_read_in_the_frame_is_guarded():
     assert torch.equal(c(torch.ones(2)), fn(torch.ones(2)))
     Late.extra = 1
     assert torch.equal(c(torch.ones(2)), fn(torch.ones(2)))
+
+
+def chunk_fn(hidden, extra=None):
+    return hidden * 2
+
+
+class Chunker:
+    def ff(self, hidden):
+        return hidden + 1
+
+
+SIGNATURES = {
+    "function": lambda x: x * len(inspect.signature(chunk_fn).parameters),
+    "bound_method": lambda x: x * len(inspect.signature(Chunker().ff).parameters),
+    "parameter_names": lambda x: x + 1 if "extra" in inspect.signature(chunk_fn).parameters
+    else x - 1,
+    "parameter_default": lambda x: x + 1 if inspect.signature(
+        chunk_fn).parameters["extra"].default is None else x - 1,
+}
+
+
+@pytest.mark.parametrize("name", list(SIGNATURES))
+def test_inspect_signature_of_known_functions(name):
+    check_one_graph_like_torch(SIGNATURES[name], torch.ones(3))
+
+
+class Registry(dict):
+    """transformers' _CanRecordRegistry: a dict subclass read through super().get."""
+
+    def get(self, key):
+        return super().get(key) or {}
+
+
+REGISTRY = Registry(a={"k": 2})
+
+
+def test_builtin_dict_methods_of_a_dict_subclass_from_the_frame():
+    def fn(x):
+        return x * REGISTRY.get("a")["k"] + len(REGISTRY.get("b"))
+
+    check_one_graph_like_torch(fn, torch.ones(3))
+    c = ferrodyn.compile(fn, backend="eager")
+    assert torch.equal(c(torch.ones(3)), fn(torch.ones(3)))
+    REGISTRY["b"] = {"z": 1}  # the keys read are guarded
+    try:
+        assert torch.equal(c(torch.ones(3)), fn(torch.ones(3)))
+    finally:
+        del REGISTRY["b"]
+
+
+class LayeredConfig(MappedConfig):
+    """Two __getattribute__ overrides chained through super() (transformers' heterogeneity
+    mixin under PretrainedConfig)."""
+
+    def __getattribute__(self, key):
+        spec = super().__getattribute__("__dict__").get("_spec")
+        if spec is not None and key in spec:
+            return spec[key]
+        return super().__getattribute__(key)
+
+
+LAYERED = LayeredConfig()
+
+
+@pytest.mark.parametrize("name", ["hidden_size", "use_cache", "absent"])
+def test_hasattr_through_chained_getattribute_overrides(name):
+    def fn(x):
+        return x * 2 if hasattr(LAYERED, name) else x * 3
+
+    check_one_graph_like_torch(fn, torch.ones(2))

@@ -113,12 +113,44 @@ class DictPartMethod(VariableTracker):
         return self.dict_part.call_method(tx, self.name, list(args), dict(kwargs))
 
 
-def dict_part_method(owner_obj: VariableTracker, attr: Any, name: str) -> VariableTracker | None:
-    """`attr` (found on a builtin dict base in the MRO) bound to `owner_obj`'s dict part."""
-    if isinstance(owner_obj, DictObjectVariable) and \
-            getattr(attr, "__objclass__", None) in DICT_BASES:
+def dict_part_method(tx, owner_obj: VariableTracker, attr: Any,
+                     name: str) -> VariableTracker | None:
+    """`attr` (found on a builtin dict base in the MRO) bound to `owner_obj`'s dict part: the
+    modelled items of a new object, a read-only view of those of an object from the frame."""
+    if getattr(attr, "__objclass__", None) not in DICT_BASES:
+        return None
+    if isinstance(owner_obj, DictObjectVariable):
         return DictPartMethod(dict_part=owner_obj.dict_part, name=name)
-    return None
+    view = _existing_items(tx, owner_obj)
+    return DictPartMethod(dict_part=view, name=name) if view is not None else None
+
+
+# Methods through which the view of an existing object's items is read and guarded (keys
+# guard, `obj[k]` accessors): a class overriding one of them is not viewed.
+_VIEW_READERS = ("__getitem__", "keys", "__iter__", "__len__")
+
+
+def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
+    """The items of a dict subclass instance from the frame, read-only (mutations give up),
+    keys guarded; None when not viewable."""
+    from ferrodyn.guard_spec import GuardKind
+    from ferrodyn.source import ItemSource
+    from ferrodyn.variables.base import LazyVariable
+    from ferrodyn.variables.constant import is_constant_value
+    from ferrodyn.variables.dicts import DictState
+    value = getattr(obj, "value", None)
+    if obj.source is None or not isinstance(value, dict):
+        return None
+    cls, base = type(value), next(b for b in DICT_BASES if isinstance(value, b))
+    if any(lookup_class_attr(cls, m) is not lookup_class_attr(base, m) for m in _VIEW_READERS):
+        return None
+    keys = tuple(base.keys(value))
+    if not all(is_constant_value(k) for k in keys):
+        return None
+    tx.output.install_guard(obj.source, GuardKind.DICT_KEYS, keys)
+    items = {k: LazyVariable(source=ItemSource(obj.source, k), value=base.__getitem__(value, k))
+             for k in keys}
+    return DictVariable(state=DictState(items, existing=True, cls=base))
 
 
 # ---- dataclasses.fields ---------------------------------------------------------------------

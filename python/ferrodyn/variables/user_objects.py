@@ -65,7 +65,7 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
         # `__getattribute__` override): the builtin bound to the instance
         from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
         from ferrodyn.variables.dict_objects import dict_part_method
-        part = dict_part_method(self_tracker, attr, name)
+        part = dict_part_method(tx, self_tracker, attr, name)
         if part is not None:
             return part
         if not is_builtin_like(attr):
@@ -98,7 +98,8 @@ class AttributeAbsent(Exception):
     found no attribute, called directly from the probed `__getattribute__` frame."""
 
 
-# code objects of the `__getattribute__` overrides being probed by hasattr, innermost last
+# for each hasattr probe in progress (innermost last), the code objects of the
+# `__getattribute__` overrides whose frames may report an absent attribute
 _PROBES: list = []
 
 
@@ -170,7 +171,7 @@ class ObjectLike(VariableTracker):
                 self.guard_absence(tx)
             return tx.realize(BoundMethodVariable_(getattr_hook, self, "__getattr__")).call_function(
                 tx, [ConstantVariable(value=name)], {})
-        if _PROBES and _PROBES[-1] is tx.code:
+        if _PROBES and tx.code in _PROBES[-1]:
             if self.source is not None:
                 self.guard_absence(tx)
             raise AttributeAbsent(name)
@@ -183,11 +184,13 @@ class ObjectLike(VariableTracker):
         lookup for an absent name, the lookup raises `AttributeAbsent` instead of giving up,
         which ends the probe: False (what the override did until then happened in CPython too).
         Overrides with exception handlers could catch the error themselves: refused."""
-        code = lookup_class_attr(cls, "__getattribute__").__code__
-        if code.co_exceptiontable:
+        # the overrides along the MRO (one calls the next through super())
+        codes = frozenset(k.__dict__["__getattribute__"].__code__ for k in cls.__mro__
+                          if isinstance(k.__dict__.get("__getattribute__"), types.FunctionType))
+        if any(code.co_exceptiontable for code in codes):
             unsupported(f"hasattr on a {cls.__name__} object (its __getattribute__ handles "
                         f"exceptions)", BreakReason.UNSUPPORTED_CALL)
-        _PROBES.append(code)
+        _PROBES.append(codes)
         try:
             tx.realize(override).call_function(tx, [ConstantVariable(value=name)], {})
         except AttributeAbsent:
