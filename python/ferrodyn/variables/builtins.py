@@ -536,7 +536,10 @@ class BuiltinVariable(VariableTracker):
                     unsupported(f"{self.describe()}: {e}", BreakReason.EXCEPTION)
                 raise
         if isinstance(self.fn, type) and issubclass(self.fn, BaseException):
-            unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
+            from ferrodyn.variables import exceptions
+            if not exceptions.can_make(self.fn):
+                unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
+            return exceptions.make(tx, self.fn, args, kwargs)
         if self.fn in FOLDABLE:
             vals = _consts(tx, args)
             kvals = _consts(tx, list(kwargs.values()))

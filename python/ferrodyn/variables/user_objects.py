@@ -513,6 +513,9 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
         bound = bind_args(code, cls.__name__, [ClassVariable(value=cls), *args], kwargs,
                           defaults, {})
         return NamedTupleVariable.make(cls, [bound[f] for f in cls._fields])
+    from ferrodyn.variables import exceptions
+    if exceptions.can_make(cls):
+        return exceptions.make(tx, cls, args, kwargs)
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         unsupported(f"creating a {cls.__name__} inside the traced code",
                     BreakReason.UNSUPPORTED_CALL)
