@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
-from ferrodyn.variables import dict_objects, functools_vars, inspect_vars
+from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
 from ferrodyn.variables import operators as ops
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold, is_constant_value, wrap_constant
@@ -485,6 +485,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
 BUILTIN_HANDLERS.update(dict_objects.HANDLERS)
 BUILTIN_HANDLERS.update(functools_vars.HANDLERS)
 BUILTIN_HANDLERS.update(inspect_vars.HANDLERS)
+BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
 for _fn in ops.COMPARE_FUNCTIONS:

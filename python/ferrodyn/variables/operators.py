@@ -1,9 +1,14 @@
 """Python operators between trackers: binary (and in-place), comparison, unary, identity.
 
 Owns the opcode-symbol tables (`"+" -> operator.add`, `"+=" -> operator.iadd`, ...) and the
-dispatch: a tensor operand makes a graph node; constants fold; tuples/lists concatenate and
-repeat; objects with Python dunder methods inline them. Does not own truthiness or indexing
-(each tracker's `truth`/`getitem`).
+dispatch: a tensor operand makes a graph node; constants fold (in-place operators only on
+immutable values; `n op= t` with a non-tensor `n` is `n op t`, as CPython falls back when the
+type has no `__iop__`); tuples/lists concatenate and repeat; objects with Python dunder methods
+inline them. Owns identity (`is`: by identity keys, never by equality of state; guarded by
+ID_MATCH when it compares objects read through different paths, refused when it cannot be
+known) and rich comparison of user objects (`__eq__`/`__ne__`, reflected first for a subclass,
+NotImplemented falling back to identity for ==/!=). Does not own truthiness or indexing (each
+tracker's `truth`/`getitem`).
 """
 
 from __future__ import annotations

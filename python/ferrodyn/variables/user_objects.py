@@ -2,9 +2,13 @@
 while tracing (user classes, dataclasses), namedtuples (and torch's structseq results),
 classes, `super()`, and Python modules.
 
-Owns generic attribute lookup as CPython does it (data descriptors and properties on the type,
-then the instance `__dict__`, then methods / class attributes), with Sources that read the
-instance dict directly (`DictOf(obj)['name']`), and dataclass / namedtuple reconstruction.
+Owns attribute lookup as CPython does it: a Python `__getattribute__` override is inlined (never
+bypassed; `hasattr` probes it), else the generic lookup (data descriptors and properties on the
+type, then the instance `__dict__`, then methods / class attributes, with Sources that read the
+instance dict directly, `DictOf(obj)['name']`), then a Python `__getattr__`; `__setattr__`,
+`__setitem__`, `__delitem__` overrides of new objects inlined; builtin slots found on the class
+bound to the instance; `super()` (zero-arg, two-arg, in classmethods); dataclass / namedtuple
+reconstruction.
 Does not own nn.Module specifics (nn_module.py) or the builtin types (builtins.py).
 """
 
