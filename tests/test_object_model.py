@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import logging
 import operator
 import typing
 import warnings
@@ -393,3 +394,37 @@ def test_hasattr_through_chained_getattribute_overrides(name):
         return x * 2 if hasattr(LAYERED, name) else x * 3
 
     check_one_graph_like_torch(fn, torch.ones(2))
+
+
+LOGGER = logging.getLogger("ferrodyn.tests.objmodel")
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_logging_calls_are_replayed_after_the_graph_in_order():
+    def fn(x):
+        LOGGER.info("first %d", 1)
+        y = x * 2
+        LOGGER.warning(f"second {y.shape[0]}")
+        return y + 1
+
+    records = _Records()
+    LOGGER.addHandler(records)
+    LOGGER.setLevel(logging.INFO)
+    try:
+        _, _, fd, tc = run_all(fn, torch.ones(2))  # (the handler's own frame is not fn's)
+        assert fd == 1 and tc >= fd  # torch.compile breaks the graph at the logging calls
+        records.messages.clear()
+        c = ferrodyn.compile(fn, backend="eager")
+        for _ in range(2):  # capture, then a cache hit
+            assert torch.equal(c(torch.ones(2)), torch.full((2,), 3.0))
+        assert records.messages == ["first 1", "second 2"] * 2
+    finally:
+        LOGGER.removeHandler(records)

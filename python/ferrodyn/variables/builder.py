@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import functools
 import enum
+import logging
 import operator
 import types
 from typing import Any
@@ -183,6 +184,9 @@ _OBJECT_MODEL_BUILDERS = {
 
 
 def _build_object_model(tx, value, source) -> VariableTracker | None:
+    if isinstance(value, logging.Logger):
+        from ferrodyn.variables.logging_vars import build_logger
+        return build_logger(tx, value, source)
     builder = _OBJECT_MODEL_BUILDERS.get(type(value))
     return builder(tx, value, source) if builder is not None else None
 

@@ -88,6 +88,17 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
     if a.is_python_constant() and b.is_python_constant() and \
             isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
         return wrap_constant(fold(fn, _const(a), _const(b)))
+    if fn is operator.mod and isinstance(a, ConstantVariable) and \
+            isinstance(a.value, (str, bytes)):
+        # `"%s %d" % args` with a tuple tracker whose items were not looked at yet
+        from ferrodyn.variables.lists import TupleVariable
+        if isinstance(b, TupleVariable):
+            try:
+                args = tuple(_const_immutable(tx.realize(i)) for i in b.unpack(tx))
+            except NotConstant:
+                args = None
+            if args is not None:
+                return wrap_constant(fold(fn, a.value, args))
     from ferrodyn.variables.sets import SetVariable, set_binary
     if isinstance(a, SetVariable) or isinstance(b, SetVariable):
         res = set_binary(tx, fn, a, b)
