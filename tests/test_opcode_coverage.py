@@ -47,7 +47,7 @@ def test_unsupported_entries_are_opcodes_of_their_versions():
 
 def test_refuse_raises_with_reason():
     class Inst:
-        opname = "RAISE_VARARGS"
+        opname = "WITH_EXCEPT_START"
     with pytest.raises(Unsupported) as e:
         refuse(Inst)
     assert e.value.reason is BreakReason.EXCEPTION

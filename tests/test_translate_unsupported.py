@@ -40,7 +40,7 @@ def try_except(x):
     try:
         y = x + 1
         raise KeyError  # LINE
-    except KeyError:
+    except ValueError:  # a handler that does not match: the KeyError is not handled
         y = x
     return y
 

@@ -50,6 +50,11 @@ log = logging.getLogger("ferrodyn")
 # Skip rules
 # ---------------------------------------------------------------------------------------------
 
+# Frames of attribute hooks run as they are (they are inlined where a traced frame calls them):
+# the guards of their own entries would read attributes of the object through the very hook,
+# re-entering it without end.
+_ATTRIBUTE_HOOKS = frozenset({"__getattribute__", "__getattr__"})
+
 # Code objects traced even though their file is skipped (OptimizedModule's inline frames).
 _ALWAYS_TRACE: "weakref.WeakSet[CodeType]" = weakref.WeakSet()
 # torch's own packages, the libraries torch depends on or whose frames show up inside compiled
@@ -305,7 +310,8 @@ class FrameCallback:
 
     def __call__(self, frame) -> Any:
         code = frame.f_code
-        if code.co_flags & _NO_TRACE_FLAGS or (is_skipped_file(code.co_filename) and code not in _ALWAYS_TRACE):
+        if code.co_flags & _NO_TRACE_FLAGS or code.co_name in _ATTRIBUTE_HOOKS or \
+                (is_skipped_file(code.co_filename) and code not in _ALWAYS_TRACE):
             _C.skip_code(code)
             return None
         lock = _compile_lock(code)

@@ -46,6 +46,8 @@ class OutputGraph:
         self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
+        # calls made for their effect only (`warnings.warn`), replayed by the entry after the
+        # graph, in program order: (function, argument trackers, keyword names)
         self.install_guard(None, GuardKind.GLOBAL_STATE)
 
     # -- guards ------------------------------------------------------------------------------

@@ -230,6 +230,12 @@ class SideEffects:
         self.identity_sensitive = True
         self._log.append(("cell", cell_out, value))
 
+    def record_call(self, fn: Any, args: tuple, kwnames: tuple[str, ...] = ()) -> None:
+        """A call made for its effect only (logging, warnings): replayed after the graph, in
+        program order with the mutations; `args` are trackers, the last `len(kwnames)` of
+        them passed by keyword."""
+        self._log.append(("call", fn, tuple(args), tuple(kwnames)))
+
     @property
     def has_effects(self) -> bool:
         return bool(self._log)
@@ -267,10 +273,13 @@ class SideEffects:
         if not self._log:
             return tuple(before), ()
         before = tuple(self._prefetch(o) for o in before)
-        calls: list[tuple[Callable, tuple[Out, ...]]] = []
+        calls: list[tuple[Callable, tuple[Out, ...], tuple[str, ...]]] = []
         for entry in self._log:
-            kind = entry[0]
-            if kind == "state":
+            kind, kwnames = entry[0], ()
+            if kind == "call":
+                _, fn, cargs, kwnames = entry
+                args = tuple(self._value(tx, a) for a in cargs)
+            elif kind == "state":
                 fn, args = entry[2](tx)
             elif kind == "attr":
                 _, obj_out, name, value = entry
@@ -287,9 +296,9 @@ class SideEffects:
             else:
                 _, cell_out, value = entry
                 fn, args = store_cell, (cell_out, self._value(tx, value))
-            calls.append((fn, tuple(self._prefetch(a) for a in args)))
-        loads = [*before, *(a for _, args in calls for a in args if isinstance(a, OutShared))]
-        effects = (OutTuple(tuple(loads)), *(OutCall(fn, args) for fn, args in calls))
+            calls.append((fn, tuple(self._prefetch(a) for a in args), kwnames))
+        loads = [*before, *(a for _, args, _ in calls for a in args if isinstance(a, OutShared))]
+        effects = (OutTuple(tuple(loads)), *(OutCall(fn, args, kw) for fn, args, kw in calls))
         return before, effects
 
     @staticmethod

@@ -60,6 +60,20 @@ class CodegenEnv:
         self.cell_names = dict(cell_names)
         self.globals_name = globals_name
         self.builtins_name = builtins_name
+        # values that are not literals (enum members, dtypes, floats such as nan, tuples of
+        # those): bound as globals of the generated function, never rendered with `repr`
+        self.bindings: dict[str, Any] = {}
+
+    def literal(self, value: Any) -> str:
+        """A Python expression for the constant `value` (a dict key, an index)."""
+        if value is None or value is True or value is False or type(value) in (int, str, bytes):
+            return repr(value)
+        for name, bound in self.bindings.items():
+            if bound is value:
+                return name
+        name = f"__ferrodyn_key{len(self.bindings)}"
+        self.bindings[name] = value
+        return name
 
 
 @source_class
@@ -151,7 +165,7 @@ class ItemSource(_Chained):
         return f"{self.base.name()}[{self.key!r}]"
 
     def to_python(self, env: CodegenEnv) -> str:
-        return f"{self.base.to_python(env)}[{self.key!r}]"
+        return f"{self.base.to_python(env)}[{env.literal(self.key)}]"
 
 
 @source_class

@@ -121,13 +121,17 @@ def BEFORE_WITH(tx, inst):
 def RETURN_GENERATOR(tx, inst):
     """Start of a generator's body: only traced for generator expressions, which are run to
     completion into a list (see inline.py)."""
-    if tx.yields is None:
+    if tx.yields is None and not getattr(tx, "suspend_on_yield", False):
         unsupported("generator", BreakReason.GENERATOR)
     tx.push(ConstantVariable(value=None))
 
 
 @opcode()
 def YIELD_VALUE(tx, inst):
+    if getattr(tx, "suspend_on_yield", False):  # contextmanager body: suspend (contextlib_vars)
+        tx.yielded = tx.pop()
+        tx.returned = None
+        return
     if tx.yields is None:
         unsupported("yield", BreakReason.GENERATOR)
     tx.yields.append(tx.pop())

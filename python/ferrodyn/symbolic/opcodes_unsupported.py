@@ -33,11 +33,6 @@ _V313 = {"since": (3, 13)}
 
 UNSUPPORTED: dict[str, Refusal] = {
     # exceptions (raising, handling; the exceptional half of `with`)
-    "RAISE_VARARGS": Refusal(_EXC, "raise"),
-    "RERAISE": Refusal(_EXC, "re-raise in an exception handler"),
-    "PUSH_EXC_INFO": Refusal(_EXC, "entering an except/finally handler"),
-    "POP_EXCEPT": Refusal(_EXC, "leaving an except handler"),
-    "CHECK_EXC_MATCH": Refusal(_EXC, "except clause"),
     "CHECK_EG_MATCH": Refusal(_EXC, "except* clause"),
     "PREP_RERAISE_STAR": Refusal(_EXC, "except* clause", **_V311),
     "WITH_EXCEPT_START": Refusal(_EXC, "exception inside a with block"),

@@ -33,6 +33,7 @@ from ferrodyn.source import BuiltinSource, Source
 from ferrodyn.symbolic.instructions import Instruction, decode
 from ferrodyn.symbolic.registry import handler_for
 from ferrodyn.variables.base import LazyVariable, NullVariable, VariableTracker, unsupported
+from ferrodyn.variables.exceptions import TracedException
 from ferrodyn.variables.functions import CellState, CellVariable
 
 MAX_INLINE_DEPTH = 48
@@ -66,6 +67,7 @@ class InstructionTranslator:
                         BreakReason.RECURSION_LIMIT)
         self.instructions: list[Instruction] = decode(code)
         self.stack: list[VariableTracker] = []
+        self.exc_stack: list[VariableTracker] = []  # exceptions being handled (sys.exc_info)
         self.ip = 0
         self.current: Instruction | None = None
         self.kw_names: tuple[str, ...] = ()
@@ -122,6 +124,9 @@ class InstructionTranslator:
                 from ferrodyn.symbolic.opcodes_unsupported import refuse
                 refuse(inst)
             handler(self, inst)
+        except TracedException as e:  # raised here or in an inlined call: this frame's handler
+            from ferrodyn.symbolic.exceptions import unwind
+            unwind(self, e)
         except Unsupported as e:
             if e.filename is None:
                 raise Unsupported(e.construct, e.reason, filename=self.code.co_filename,

@@ -28,6 +28,13 @@ class NotConstant(Exception):
     """Control-flow signal: the tracker has no Python-constant value."""
 
 
+def instance_has_attr(cls: type, name: str) -> bool:
+    """`hasattr(instance, name)` for an instance of a builtin type without `__getattr__` and
+    with no instance dict: the name is on the type's MRO (`hasattr(cls, name)` would also find
+    the metaclass's attributes: `hasattr(tuple, "__call__")` is True)."""
+    return any(name in vars(klass) for klass in cls.__mro__)
+
+
 def unsupported(msg: str, reason: BreakReason = BreakReason.OTHER) -> NoReturn:
     """Give up on the frame. The translator adds the user's file and line."""
     raise Unsupported(msg, reason)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import collections
 import functools
 import enum
+import logging
+import operator
 import types
 from typing import Any
 
@@ -178,12 +180,51 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if var is not None:
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return var
+    var = _build_object_model(tx, value, source)
+    if var is not None:
+        return var
     if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins":
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
     from ferrodyn.variables.functions import OpaqueVariable
     _guard(tx, source, GuardKind.TYPE_MATCH, t)
     return OpaqueVariable(source=source, value=value)
+
+
+# ---- object-model types (objmodel): type -> builder(tx, value, source) or None ---------------
+
+def _build_getter(tx, value, source):
+    from ferrodyn.variables.functools_vars import from_frame_value
+    var = from_frame_value(value, source)
+    if var is not None:
+        _guard(tx, source, GuardKind.ID_MATCH, value)
+    return var
+
+
+def _build_mappingproxy(tx, value, source):
+    """A class `__dict__` (or any mappingproxy) of constant keys: read-only, items lazy."""
+    keys = tuple(value)
+    if not all(is_constant_value(k) for k in keys):
+        return None
+    _guard(tx, source, GuardKind.TYPE_MATCH, type(value))
+    _guard(tx, source, GuardKind.DICT_KEYS, keys)
+    items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
+    state = DictState(items, MutationType.EXISTING, cls=type(value), read_only=True)
+    return DictVariable(source=source, state=state))
+
+
+_OBJECT_MODEL_BUILDERS = {
+    operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
+    types.MappingProxyType: _build_mappingproxy,
+}
+
+
+def _build_object_model(tx, value, source) -> VariableTracker | None:
+    if isinstance(value, logging.Logger):
+        from ferrodyn.variables.logging_vars import build_logger
+        return build_logger(tx, value, source)
+    builder = _OBJECT_MODEL_BUILDERS.get(type(value))
+    return builder(tx, value, source) if builder is not None else None
 
 
 def _lazy_items(value, source) -> tuple:

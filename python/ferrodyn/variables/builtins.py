@@ -2,8 +2,8 @@
 
 Owns `BuiltinVariable` (a builtin function or builtin type such as `int`, `list`), the
 `BUILTIN_HANDLERS` table (one small function per builtin: len, isinstance, range, zip, min,
-getattr, super, ...), the allow-list of functions safe to constant-fold, and the table of
-functions that are ignored (`warnings.warn`). Anything not in a table is unsupported.
+getattr, super, ...), the allow-list of functions safe to constant-fold, and the calls replayed
+after the graph (`warnings.warn`). Anything not in a table is unsupported.
 Does not own operators between trackers (operators.py), which several entries delegate to.
 """
 
@@ -15,14 +15,16 @@ import functools
 import itertools
 import math
 import operator
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
+from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
 from ferrodyn.variables import operators as ops
-from ferrodyn.variables.base import VariableTracker, unsupported
-from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
+from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
+from ferrodyn.variables.constant import ConstantVariable, fold, is_constant_value, wrap_constant
 from ferrodyn.variables.dicts import DictVariable, dict_key
 from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
 
@@ -31,13 +33,20 @@ def _c(v) -> ConstantVariable:
     return ConstantVariable(value=v)
 
 
-def _consts(tx, args) -> list | None:
+def _consts(tx, args, *, copies_ok: bool = False) -> list | None:
+    """The constant values of `args`, or None. Only immutable values unless `copies_ok` (the
+    caller runs a pure function that returns a new scalar): `as_python_constant()` of a list,
+    dict or set tracker is a *copy*, which a folded function could mutate (`list.append(xs, 3)`)
+    or return in place of the original object (`max([xs, ys])`)."""
     vals = []
     for a in args:
         a = tx.realize(a)
         if not a.is_python_constant():
             return None
-        vals.append(a.as_python_constant())
+        value = a.as_python_constant()
+        if not copies_ok and not is_constant_value(value):
+            return None
+        vals.append(value)
     return vals
 
 
@@ -52,15 +61,33 @@ def _const_arg(tx, v: VariableTracker, what: str) -> Any:
 # ---- handlers (tx, *args, **kwargs) ------------------------------------------------------------
 
 def _len(tx, obj):
-    return _c(tx.realize(obj).length(tx))
+    obj = tx.realize(obj)
+    if not instance_has_attr(obj.python_type(), "__len__"):  # iterators, generators...
+        unsupported(f"TypeError: len() of {obj.describe()}", BreakReason.EXCEPTION)
+    return _c(obj.length(tx))
 
 
 def _type_of(tx, v: VariableTracker) -> type:
     return tx.realize(v).python_type()
 
 
+def _classinfo(tx, classinfo):
+    """A class, tuple of classes or `typing` alias (`typing.List`, `typing.Mapping`: objects
+    of typing's own types, identified by identity) for isinstance/issubclass."""
+    from ferrodyn.guard_spec import GuardKind
+    v = tx.realize(classinfo)
+    value = getattr(v, "value", None)
+    if not v.is_python_constant() and type(value).__module__ == "typing":
+        if v.source is not None:
+            tx.output.install_guard(v.source, GuardKind.ID_MATCH, value)
+        return value
+    if isinstance(v, TupleVariable):
+        return tuple(_classinfo(tx, i) for i in v.unpack(tx))
+    return _const_arg(tx, v, "isinstance")
+
+
 def _isinstance(tx, obj, classinfo):
-    cls = _const_arg(tx, classinfo, "isinstance")
+    cls = _classinfo(tx, classinfo)
     try:
         return _c(issubclass(_type_of(tx, obj), cls))
     except TypeError as e:
@@ -185,7 +212,7 @@ def _dict(tx, arg=None, **kwargs):
 
 def _scalar(fn):
     def handler(tx, *args):
-        vals = _consts(tx, args)
+        vals = _consts(tx, args, copies_ok=True)  # int/str/repr/format... of a copy: pure
         if vals is None:
             v = tx.realize(args[0])
             if fn is bool:
@@ -217,13 +244,10 @@ def _next(tx, it, default=None):
 
 
 def _callable(tx, obj):
-    from ferrodyn.variables.tensor import TensorVariable
-    obj = tx.realize(obj)
-    if obj.is_python_constant():
-        return _c(callable(obj.as_python_constant()))
-    if isinstance(obj, (TensorVariable, ListVariable, TupleVariable, DictVariable)):
-        return _c(False)
-    return _c(callable(getattr(obj, "value", None)) or obj.has_attr(tx, "__call__"))
+    """CPython: `callable(o)` is whether `type(o)` has a `__call__` slot; the tracker's
+    python_type() is exact or refuses, so no kind of tracker is guessed."""
+    cls = _type_of(tx, obj)
+    return _c(any("__call__" in vars(klass) for klass in cls.__mro__))
 
 
 def _sorted(tx, iterable, key=None, reverse=None):
@@ -306,6 +330,46 @@ def _islice(tx, iterable, *args):
     return IteratorVariable.over(_items(tx, iterable)[slice(*bounds)])
 
 
+def _chain_from_iterable(tx, iterables):
+    return _chain(tx, *_items(tx, iterables))
+
+
+def _reduce(tx, fn, iterable, *initial):
+    fn, items = tx.realize(fn), _items(tx, iterable)
+    if not initial and not items:
+        unsupported("TypeError: reduce() of empty iterable with no initial value",
+                    BreakReason.EXCEPTION)
+    acc, rest = (initial[0], items) if initial else (items[0], items[1:])
+    for item in rest:
+        acc = fn.call_function(tx, [acc, item], {})
+    return acc
+
+
+def _accumulate(tx, iterable, func=None, *, initial=None):
+    items = _items(tx, iterable)
+    fn = None if func is None else tx.realize(func)
+    out = [] if initial is None else [initial]
+    for item in items:
+        if not out:
+            out.append(item)
+            continue
+        out.append(ops.binary_op(tx, operator.add, out[-1], item) if fn is None
+                   else fn.call_function(tx, [out[-1], item], {}))
+    return IteratorVariable.over(out)
+
+
+def _pairwise(tx, iterable):
+    items = _items(tx, iterable)
+    return IteratorVariable.over(TupleVariable(items=(a, b)) for a, b in zip(items, items[1:]))
+
+
+def _zip_longest(tx, *iterables, fillvalue=None):
+    fill = _c(None) if fillvalue is None else fillvalue
+    seqs = [_items(tx, it) for it in iterables]
+    return IteratorVariable.over(TupleVariable(items=t)
+                                 for t in itertools.zip_longest(*seqs, fillvalue=fill))
+
+
 def _pow(tx, base, exp, mod=None):
     if mod is not None:
         return _scalar(pow)(tx, base, exp, mod)
@@ -332,16 +396,48 @@ def _object_setattr(tx, obj, name, value):
     return _c(None)
 
 
+def _object_getattribute(tx, obj, name):
+    """`object.__getattribute__(obj, name)`: the generic lookup, past any override."""
+    from ferrodyn.variables.user_objects import ObjectLike
+    obj, attr = tx.realize(obj), _const_arg(tx, name, "object.__getattribute__")
+    if isinstance(obj, ObjectLike):
+        return obj.generic_getattr(tx, attr)
+    return obj.var_getattr(tx, attr)
+
+
+def _id(tx, obj):
+    """`id(obj)` of an object the tracker holds (identity key `("obj", id)`): from the frame it
+    is guarded by identity; trackers of values made in the frame have no id yet: refused."""
+    from ferrodyn.guard_spec import GuardKind
+    v = tx.realize(obj)
+    value = getattr(v, "value", getattr(v, "fn", None))
+    if value is None or v.identity() != ("obj", id(value)):
+        unsupported(f"id() of {v.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+    if v.source is not None:
+        tx.output.install_guard(v.source, GuardKind.ID_MATCH, value)
+    return _c(id(value))
+
+
+def _type_call(tx, cls, *args, **kwargs):
+    """`type.__call__(cls, *args)`: `cls(*args)`."""
+    return tx.realize(cls).call_function(tx, list(args), kwargs)
+
+
+def _replayed(fn):
+    """A call made for its effect (`warnings.warn`): recorded now, run by the entry after the
+    graph (TraceResult.side_effects), never dropped. Its arguments must be reconstructible."""
+    def handler(tx, *args, **kwargs):
+        tx.output.side_effects.record_call(fn, (*args, *kwargs.values()), tuple(kwargs))
+        return _c(None)
+    return handler
+
+
 def _operator_binary(fn):
     return lambda tx, a, b: ops.binary_op(tx, fn, a, b)
 
 
 def _operator_compare(fn):
     return lambda tx, a, b: ops.compare_op(tx, fn, a, b)
-
-
-def _noop(tx, *args, **kwargs):
-    return _c(None)
 
 
 BUILTIN_HANDLERS: dict[Any, Callable] = {
@@ -354,16 +450,22 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
-    id: _unsupported("id", BreakReason.UNSUPPORTED_BUILTIN),
+    id: _id,
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
+    object.__getattribute__: _object_getattribute,
+    type.__call__: _type_call,
     tuple.__new__: _tuple_new,
     itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
-    itertools.islice: _islice,
+    itertools.islice: _islice, itertools.chain.from_iterable: _chain_from_iterable,
+    itertools.accumulate: _accumulate, itertools.pairwise: _pairwise,
+    itertools.zip_longest: _zip_longest, functools.reduce: _reduce,
     set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
+    operator.setitem: lambda tx, a, b, c: _c(tx.realize(a).setitem(tx, b, c)),
+    operator.delitem: lambda tx, a, b: _c(tx.realize(a).delitem(tx, b)),
     operator.index: _scalar(operator.index),
     operator.not_: lambda tx, a: _c(not tx.realize(a).truth(tx)),
     operator.truth: lambda tx, a: _c(tx.realize(a).truth(tx)),
@@ -374,8 +476,12 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     operator.pos: lambda tx, a: ops.unary_op(tx, operator.pos, a),
     operator.invert: lambda tx, a: ops.unary_op(tx, operator.invert, a),
     operator.abs: _abs,
-    warnings.warn: _noop,
+    warnings.warn: _replayed(warnings.warn),
 }
+BUILTIN_HANDLERS.update(dict_objects.HANDLERS)
+BUILTIN_HANDLERS.update(functools_vars.HANDLERS)
+BUILTIN_HANDLERS.update(inspect_vars.HANDLERS)
+BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
 for _fn in ops.COMPARE_FUNCTIONS:
@@ -387,6 +493,8 @@ FOLDABLE: frozenset = frozenset(
     | {v for v in vars(operator).values() if callable(v)}
     | {builtins.divmod, builtins.pow, builtins.chr, builtins.ord, builtins.hash,
        builtins.bin, builtins.hex, builtins.oct, builtins.ascii}
+    # interpreter settings read as limits (inspect.unwrap): not guarded, like torch's own
+    | {sys.getrecursionlimit}
 )
 
 
@@ -425,7 +533,10 @@ class BuiltinVariable(VariableTracker):
                     unsupported(f"{self.describe()}: {e}", BreakReason.EXCEPTION)
                 raise
         if isinstance(self.fn, type) and issubclass(self.fn, BaseException):
-            unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
+            from ferrodyn.variables import exceptions
+            if not exceptions.can_make(self.fn):
+                unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
+            return exceptions.make(tx, self.fn, args, kwargs)
         if self.fn in FOLDABLE:
             vals = _consts(tx, args)
             kvals = _consts(tx, list(kwargs.values()))
@@ -471,9 +582,36 @@ class _BuiltinTypeMethod(VariableTracker):
         if vals is not None:
             return wrap_constant(fold(getattr(self.owner, self.name), *vals[:len(args)],
                                       **dict(zip(kwargs, vals[len(args):]))))
-        if args and issubclass(tx.realize(args[0]).python_type(), self.owner):
-            return tx.realize(args[0]).call_method(tx, self.name, list(args[1:]), kwargs)
-        unsupported(f"{self.owner.__name__}.{self.name}", BreakReason.UNSUPPORTED_BUILTIN)
+        if not args:
+            unsupported(f"{self.owner.__name__}.{self.name}()", BreakReason.UNSUPPORTED_BUILTIN)
+        first = tx.realize(args[0])
+        if not issubclass(first.python_type(), self.owner):
+            unsupported(f"TypeError: {self.owner.__name__}.{self.name} on {first.describe()}",
+                        BreakReason.EXCEPTION)
+        protocol = SLOT_PROTOCOL.get(self.name)
+        if protocol is not None and not kwargs:
+            return protocol(tx, first, *args[1:])
+        return first.call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+def _slot_result(fn):
+    def handler(tx, obj, *args):
+        res = fn(tx, obj, *args)
+        return res if isinstance(res, VariableTracker) else _c(res)
+    return handler
+
+
+# Slot wrappers called through the type (`dict.__setitem__(d, k, v)`, `list.__len__(xs)`):
+# the tracker protocol method that the slot stands for.
+SLOT_PROTOCOL: dict[str, Callable] = {
+    "__getitem__": _slot_result(lambda tx, o, k: o.getitem(tx, k)),
+    "__setitem__": _slot_result(lambda tx, o, k, v: o.setitem(tx, k, v)),
+    "__delitem__": _slot_result(lambda tx, o, k: o.delitem(tx, k)),
+    "__len__": _slot_result(lambda tx, o: o.length(tx)),
+    "__contains__": _slot_result(lambda tx, o, k: o.contains(tx, tx.realize(k))),
+    "__iter__": _slot_result(lambda tx, o: o.iterator(tx)),
+    "__bool__": _slot_result(lambda tx, o: o.truth(tx)),
+}
 
 
 @dataclass(frozen=True, eq=False)

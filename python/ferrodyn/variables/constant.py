@@ -9,6 +9,8 @@ operators between trackers (operators.py) or builtins (builtins.py).
 from __future__ import annotations
 
 import enum
+import inspect
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from ferrodyn.variables.base import VariableTracker, unsupported
 CONSTANT_TYPES: tuple[type, ...] = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
     slice, range, torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format,
-    torch.finfo, torch.iinfo,
+    torch.finfo, torch.iinfo, types.CodeType, inspect.Parameter,
 )
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ferrodyn.exc import BreakReason
 from ferrodyn.side_effects import MutationType, replace_dict
 from ferrodyn.trace_result import OutCall, OutConst, OutDict, OutTuple
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import instance_has_attr, VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
 
@@ -43,6 +43,8 @@ class DictState:
     source: Any = None         # where the entry reaches an EXISTING dict
     obj: Any = None            # the real object of an EXISTING container
     keys_version: int = 0      # bumped when the key set may change (live iterators check it)
+    read_only: bool = False    # a view that Python code cannot mutate through (mappingproxy,
+                               # Signature.parameters) or whose mutations are not modelled
 
     def on_mutate(self, structural: bool = True) -> None:
         if structural:
@@ -75,6 +77,9 @@ class DictVariable(VariableTracker):
         return f"dict of {len(self.state.items)}"
 
     def mutable(self, structural: bool = True) -> dict:
+        if self.state.read_only:
+            unsupported(f"mutation of a read-only {self.state.cls.__name__} view",
+                        BreakReason.SIDE_EFFECT)
         self.state.on_mutate(structural)
         return self.state.items
 
@@ -132,7 +137,7 @@ class DictVariable(VariableTracker):
         unsupported(f"attribute {name!r} of dict", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        return hasattr(self.state.cls, name)
+        return instance_has_attr(self.state.cls, name)
 
     def call_method(self, tx, name, args, kwargs):
         handler = _DICT_METHODS.get(name)

@@ -179,7 +179,12 @@ class InlinableFunction(VariableTracker):
         return types.FunctionType
 
     def has_attr(self, tx, name):
-        return name in ("__name__", "__qualname__", "__code__", "__module__", "__doc__")
+        # attributes of every function (getset descriptors on the function type), else the
+        # function's own `__dict__`
+        return hasattr(types.FunctionType, name) or name in self.own_dict_keys(tx)
+
+    def own_dict_keys(self, tx) -> tuple:
+        return ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,15 +237,37 @@ class UserFunctionVariable(InlinableFunction):
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(value=getattr(self.fn, name))
-        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
-            return _lazy(self.fn.__wrapped__, self._sub("__wrapped__"))
-        return super().var_getattr(tx, name)
+        if name == "__code__":
+            if self.source is not None:  # `fn.__code__` is assignable: guard which code it is
+                from ferrodyn.guard_spec import GuardKind
+                tx.output.install_guard(self._sub("__code__"), GuardKind.ID_MATCH,
+                                        self.fn.__code__)
+            return ConstantVariable(value=self.fn.__code__)
+        if name in _FN_OBJECT_ATTRS:
+            return _lazy(getattr(self.fn, name), self._sub(name))
+        if name in self.own_dict_keys(tx):  # `__wrapped__`, attributes set by decorators
+            return tx.realize(self.var_getattr(tx, "__dict__")).getitem(
+                tx, ConstantVariable(value=name))
+        if hasattr(types.FunctionType, name):
+            return super().var_getattr(tx, name)
+        unsupported(f"AttributeError: function {self.fn.__qualname__!r} has no attribute "
+                    f"{name!r}", BreakReason.EXCEPTION)
+
+    def own_dict_keys(self, tx):
+        if self.source is not None:  # reading the function's __dict__ guards its keys
+            tx.realize(self.var_getattr(tx, "__dict__"))
+        return tuple(self.fn.__dict__)
 
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         if self.source is None:
             return OutConst(self.fn)
         return super().reconstruct(tx)
+
+
+# Function attributes that are objects read like any frame value (guarded when used).
+_FN_OBJECT_ATTRS = ("__defaults__", "__kwdefaults__", "__dict__", "__globals__", "__closure__",
+                    "__annotations__", "__builtins__")
 
 
 def _lazy(value: Any, source: Source | None) -> VariableTracker:
@@ -280,9 +307,40 @@ class NestedFunctionVariable(InlinableFunction):
         return self.fclosure
 
     def var_getattr(self, tx, name):
-        if name in ("__name__", "__qualname__"):
-            return ConstantVariable(value=getattr(self.fcode, "co_" + name.strip("_")))
+        getter = _NESTED_FN_ATTRS.get(name)
+        if getter is not None:
+            return getter(self)
         return super().var_getattr(tx, name)
+
+
+def _none_or(value, make):
+    return ConstantVariable(value=None) if not value else make(value)
+
+
+def _nested_module(fn: NestedFunctionVariable):
+    return ConstantVariable(value=(fn.globals_dict or {}).get("__name__"))
+
+
+# Attributes of a function made while tracing; its `__dict__` (empty, but writable) and its
+# `__globals__` are not modelled.
+_NESTED_FN_ATTRS: dict[str, Callable] = {
+    "__name__": lambda f: ConstantVariable(value=f.fcode.co_name),
+    "__qualname__": lambda f: ConstantVariable(value=f.fcode.co_qualname),
+    "__code__": lambda f: ConstantVariable(value=f.fcode),
+    "__module__": _nested_module,
+    "__defaults__": lambda f: _none_or(f.fdefaults, lambda v: _tuple(v)),
+    "__kwdefaults__": lambda f: _none_or(f.fkwdefaults, lambda v: _dict(v)),
+}
+
+
+def _tuple(items):
+    from ferrodyn.variables.lists import TupleVariable
+    return TupleVariable(items=tuple(items))
+
+
+def _dict(items):
+    from ferrodyn.variables.dicts import DictVariable
+    return DictVariable.new(items)
 
 
 # ---- methods -------------------------------------------------------------------------------
@@ -315,16 +373,22 @@ class BoundMethodVariable(VariableTracker):
         return tx.realize(self.func).call_function(tx, [self.obj, *args], kwargs)
 
     def var_getattr(self, tx, name):
+        # method_getattro: the method type's own attributes, then the function's
         if name == "__self__":
             return self.obj
         if name == "__func__" and not isinstance(self.func, MethodOf):
             return self.func
-        if name in ("__name__", "__qualname__") and isinstance(self.func, InlinableFunction):
-            return self.func.var_getattr(tx, name)
+        if not isinstance(self.func, MethodOf) and (
+                name == "__doc__" or not hasattr(types.MethodType, name)):
+            return tx.realize(self.func).var_getattr(tx, name)
         return super().var_getattr(tx, name)
 
     def has_attr(self, tx, name):
-        return name in ("__self__", "__func__", "__name__")
+        if hasattr(types.MethodType, name):
+            return True
+        if isinstance(self.func, MethodOf):
+            return super().has_attr(tx, name)
+        return tx.realize(self.func).has_attr(tx, name)
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ferrodyn.exc import BreakReason
 from ferrodyn.side_effects import MutationType, replace_list
 from ferrodyn.trace_result import OutList, OutTuple
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import instance_has_attr, VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
 
@@ -84,7 +84,7 @@ class _SequenceBase(VariableTracker):
                     BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        return hasattr(self.python_type(), name)
+        return instance_has_attr(self.python_type(), name)
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ferrodyn.exc import BreakReason
 from ferrodyn.side_effects import MutationType, apply_set_ops
 from ferrodyn.trace_result import OutCall, OutConst
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import instance_has_attr, VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold
 
 
@@ -110,7 +110,7 @@ class SetVariable(VariableTracker):
         unsupported(f"set.{name}", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        return hasattr(set, name)
+        return instance_has_attr(self.python_type(), name)
 
     def call_method(self, tx, name, args, kwargs):
         handler = _SET_METHODS.get(name)

@@ -2,9 +2,13 @@
 while tracing (user classes, dataclasses), namedtuples (and torch's structseq results),
 classes, `super()`, and Python modules.
 
-Owns generic attribute lookup as CPython does it (data descriptors and properties on the type,
-then the instance `__dict__`, then methods / class attributes), with Sources that read the
-instance dict directly (`DictOf(obj)['name']`), and dataclass / namedtuple reconstruction.
+Owns attribute lookup as CPython does it: a Python `__getattribute__` override is inlined (never
+bypassed; `hasattr` probes it), else the generic lookup (data descriptors and properties on the
+type, then the instance `__dict__`, then methods / class attributes, with Sources that read the
+instance dict directly, `DictOf(obj)['name']`), then a Python `__getattr__`; `__setattr__`,
+`__setitem__`, `__delitem__` overrides of new objects inlined; builtin slots found on the class
+bound to the instance; `super()` (zero-arg, two-arg, in classmethods); dataclass / namedtuple
+reconstruction.
 Does not own nn.Module specifics (nn_module.py) or the builtin types (builtins.py).
 """
 
@@ -18,7 +22,7 @@ from typing import Any
 from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
-from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.base import LazyVariable, VariableTracker, instance_has_attr, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.lists import TupleVariable
 
@@ -60,7 +64,47 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
         return tx.realize(fget).call_function(tx, [self_tracker], {})
     if isinstance(attr, types.FunctionType):
         return _lazy(attr, src)
+    if isinstance(attr, _SLOT_TYPES) and self_tracker is not None:
+        # `object.__getattribute__`, `dict.get`... reached through an instance (`super()` in a
+        # `__getattribute__` override): the builtin bound to the instance
+        from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
+        from ferrodyn.variables.dict_objects import dict_part_method
+        part = dict_part_method(tx, self_tracker, attr, name)
+        if part is not None:
+            return part
+        if not is_builtin_like(attr):
+            unsupported(f"{type(attr).__name__} {cls.__name__}.{name}",
+                        BreakReason.UNSUPPORTED_CALL)
+        return BoundMethodVariable(func=BuiltinVariable(fn=attr), obj=self_tracker)
     return _lazy(getattr(cls, name), src)
+
+
+def _is_module_getattr(hook) -> bool:
+    """nn.Module.__getattr__ consults only the dicts that `fallback_attr` reads, else raises."""
+    import torch
+    return hook is torch.nn.Module.__getattr__
+
+
+# Builtin types whose `__getattribute__`/`__setattr__` slots are object's generic ones.
+_GENERIC_ATTR_OWNERS = (object, dict, list, tuple, set, int, float, str)
+_SLOT_TYPES = (types.WrapperDescriptorType, types.MethodDescriptorType)
+
+
+def BoundMethodVariable_(fn: types.FunctionType, obj: VariableTracker, slot: str):
+    """`fn` bound to `obj` (a slot method found on obj's class, read without a Source: the
+    class is guarded by obj's TYPE_MATCH)."""
+    from ferrodyn.variables.functions import BoundMethodVariable
+    return BoundMethodVariable(func=_lazy(fn, None), obj=obj)
+
+
+class AttributeAbsent(Exception):
+    """Control-flow signal of a `hasattr` probe (ObjectLike._probe_override): the generic lookup
+    found no attribute, called directly from the probed `__getattribute__` frame."""
+
+
+# for each hasattr probe in progress (innermost last), the code objects of the
+# `__getattribute__` overrides whose frames may report an absent attribute
+_PROBES: list = []
 
 
 class ObjectLike(VariableTracker):
@@ -82,6 +126,29 @@ class ObjectLike(VariableTracker):
         return self.obj_type()
 
     def var_getattr(self, tx, name):
+        """`obj.name`: the class's `__getattribute__` when it overrides object's (inlined when it
+        is Python code), else the generic lookup, then the class's `__getattr__`."""
+        override = self._override("__getattribute__")
+        if override is not None:
+            return tx.realize(override).call_function(tx, [ConstantVariable(value=name)], {})
+        return self.generic_getattr(tx, name)
+
+    def _override(self, slot: str) -> VariableTracker | None:
+        """The bound Python method overriding object's `slot`, None when not overridden;
+        refuses when the override is not Python code."""
+        cls = self.obj_type()
+        attr = lookup_class_attr(cls, slot)
+        if attr is _ABSENT or attr is getattr(object, slot, _ABSENT) or \
+                getattr(attr, "__objclass__", None) in _GENERIC_ATTR_OWNERS and \
+                isinstance(attr, types.WrapperDescriptorType):
+            return None
+        if not isinstance(attr, types.FunctionType):
+            unsupported(f"{cls.__name__}.{slot} is not Python code", BreakReason.UNSUPPORTED_CALL)
+        return BoundMethodVariable_(attr, self, slot)
+
+    def generic_getattr(self, tx, name):
+        """`object.__getattribute__(obj, name)` (then `__getattr__`, as `slot_tp_getattr_hook`
+        does)."""
         cls = self.obj_type()
         if name == "__class__":
             return ClassVariable(source=self.type_source(), value=cls)
@@ -99,18 +166,63 @@ class ObjectLike(VariableTracker):
         fb = self.fallback_attr(tx, name)
         if fb is not None:
             return fb
-        if lookup_class_attr(cls, "__getattr__") is not _ABSENT:
-            unsupported(f"{cls.__name__}.__getattr__({name!r})", BreakReason.UNSUPPORTED_CALL)
+        getattr_hook = lookup_class_attr(cls, "__getattr__")
+        if getattr_hook is not _ABSENT:
+            if _is_module_getattr(getattr_hook) or \
+                    not isinstance(getattr_hook, types.FunctionType):
+                unsupported(f"{cls.__name__}.__getattr__({name!r})", BreakReason.UNSUPPORTED_CALL)
+            if self.source is not None:
+                self.guard_absence(tx)
+            return tx.realize(BoundMethodVariable_(getattr_hook, self, "__getattr__")).call_function(
+                tx, [ConstantVariable(value=name)], {})
+        if _PROBES and tx.code in _PROBES[-1]:
+            if self.source is not None:
+                self.guard_absence(tx)
+            raise AttributeAbsent(name)
         unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}",
                     BreakReason.EXCEPTION)
+
+    def _probe_override(self, tx, cls, override, name) -> bool:
+        """`hasattr(obj, name)` through a Python `__getattribute__`: CPython runs the override and
+        catches AttributeError. The override is inlined; when its own frame asks the generic
+        lookup for an absent name, the lookup raises `AttributeAbsent` instead of giving up,
+        which ends the probe: False (what the override did until then happened in CPython too).
+        Overrides with exception handlers could catch the error themselves: refused."""
+        # the overrides along the MRO (one calls the next through super())
+        codes = frozenset(k.__dict__["__getattribute__"].__code__ for k in cls.__mro__
+                          if isinstance(k.__dict__.get("__getattribute__"), types.FunctionType))
+        if any(code.co_exceptiontable for code in codes):
+            unsupported(f"hasattr on a {cls.__name__} object (its __getattribute__ handles "
+                        f"exceptions)", BreakReason.UNSUPPORTED_CALL)
+        _PROBES.append(codes)
+        try:
+            tx.realize(override).call_function(tx, [ConstantVariable(value=name)], {})
+        except AttributeAbsent:
+            return False
+        finally:
+            _PROBES.pop()
+        return True
+
+    def guard_absence(self, tx) -> None:
+        """An attribute found absent stays absent (objects from the frame guard it)."""
 
     def descriptor_attr(self, tx, name):
         unsupported(f"descriptor attribute {name!r}", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        if lookup_class_attr(self.obj_type(), name) is not _ABSENT:
+        cls = self.obj_type()
+        override = self._override("__getattribute__")
+        if override is not None:
+            return self._probe_override(tx, cls, override, name)
+        if lookup_class_attr(cls, name) is not _ABSENT:
             return True
-        return self.instance_attr(tx, name) is not None or self.fallback_attr(tx, name) is not None
+        found = self.instance_attr(tx, name) is not None or \
+            self.fallback_attr(tx, name) is not None
+        hook = lookup_class_attr(cls, "__getattr__")
+        if not found and hook is not _ABSENT and not _is_module_getattr(hook):
+            unsupported(f"hasattr on a {cls.__name__} object (its __getattr__ decides)",
+                        BreakReason.UNSUPPORTED_CALL)
+        return found
 
     def _dunder(self, tx, name):
         attr = lookup_class_attr(self.obj_type(), name)
@@ -153,6 +265,18 @@ class ObjectLike(VariableTracker):
         if fn is None:
             unsupported(f"indexing {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
         return tx.realize(fn).call_function(tx, [index], {})
+
+    def setitem(self, tx, index, value):
+        fn = self._dunder(tx, "__setitem__")
+        if fn is None:
+            unsupported(f"item assignment on {self.describe()}", BreakReason.SIDE_EFFECT)
+        tx.realize(fn).call_function(tx, [index, value], {})
+
+    def delitem(self, tx, index):
+        fn = self._dunder(tx, "__delitem__")
+        if fn is None:
+            unsupported(f"item deletion on {self.describe()}", BreakReason.SIDE_EFFECT)
+        tx.realize(fn).call_function(tx, [index], {})
 
     def contains(self, tx, item):
         fn = self._dunder(tx, "__contains__")
@@ -267,6 +391,7 @@ class UserObjectVariable(ObjectLike):
 @dataclass(eq=False)
 class ObjState:
     attrs: dict
+    dict_view: Any = None  # the DictState behind `obj.__dict__`, made on first use
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,9 +417,19 @@ class NewObjectVariable(ObjectLike):
         return self.state.attrs.get(name)
 
     def setattr(self, tx, name, value):
-        if lookup_class_attr(self.cls, "__setattr__") is not object.__setattr__:
-            unsupported(f"{self.cls.__name__}.__setattr__", BreakReason.UNSUPPORTED_CALL)
+        override = self._override("__setattr__")
+        if override is not None:
+            tx.realize(override).call_function(tx, [ConstantVariable(value=name), value], {})
+            return
         self.raw_setattr(tx, name, value)
+
+    def descriptor_attr(self, tx, name):
+        if name == "__dict__":  # a live view of the attributes: one dict per object
+            from ferrodyn.variables.dicts import DictState, DictVariable
+            if self.state.dict_view is None:
+                self.state.dict_view = DictState(self.state.attrs)
+            return DictVariable(state=self.state.dict_view)
+        return super().descriptor_attr(tx, name)
 
     def raw_setattr(self, tx, name, value):
         attr = lookup_class_attr(self.cls, name)
@@ -360,7 +495,7 @@ class NamedTupleVariable(TupleVariable):
         return super().var_getattr(tx, name)
 
     def has_attr(self, tx, name):
-        return name in self._fields() or hasattr(self.cls, name)
+        return name in self._fields() or instance_has_attr(self.cls, name)
 
     def getitem(self, tx, index):
         got = super().getitem(tx, index)
@@ -439,11 +574,17 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
         bound = bind_args(code, cls.__name__, [ClassVariable(value=cls), *args], kwargs,
                           defaults, {})
         return NamedTupleVariable.make(cls, [bound[f] for f in cls._fields])
+    from ferrodyn.variables import exceptions
+    if exceptions.can_make(cls):
+        return exceptions.make(tx, cls, args, kwargs)
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         unsupported(f"creating a {cls.__name__} inside the traced code",
                     BreakReason.UNSUPPORTED_CALL)
+    from ferrodyn.variables.dict_objects import construct_dict_object, dict_base
+    if dict_base(cls) is not None and type(cls).__call__ is type.__call__:
+        return construct_dict_object(tx, cls, args, kwargs)
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
-            type(cls) is not type:
+            type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
     obj = NewObjectVariable(cls=cls, state=ObjState({}))
     init = lookup_class_attr(cls, "__init__")
@@ -469,16 +610,28 @@ class SuperVariable(VariableTracker):
         return f"super({self.cls.__name__})"
 
     def var_getattr(self, tx, name):
-        mro = self.obj.python_type().__mro__
-        start = mro.index(self.cls) + 1
-        for klass in mro[start:]:
+        obj = tx.realize(self.obj)
+        if isinstance(obj, ClassVariable) and issubclass(obj.value, self.cls):
+            owner, inst = obj.value, None  # super(cls, subclass): in classmethods
+        else:
+            owner, inst = obj.python_type(), obj
+        mro = owner.__mro__
+        if self.cls not in mro:
+            unsupported(f"TypeError: super({self.cls.__name__}, obj): obj is not an instance "
+                        f"or subtype", BreakReason.EXCEPTION)
+        for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
-                if attr is object.__init__:
+                if attr is object.__init__ and inst is not None:
                     from ferrodyn.variables.builtins import NoOpFunction
                     return NoOpFunction(name="object.__init__")
-                return class_attr_tracker(tx, klass, None, name, attr, self.obj)
-        unsupported(f"super().{name}", BreakReason.EXCEPTION)
+                if isinstance(attr, classmethod):  # bound to the class looked up from
+                    from ferrodyn.variables.functions import BoundMethodVariable
+                    cls_var = obj if inst is None else ClassVariable(
+                        source=_sub(obj.source, TypeSource), value=owner)
+                    return BoundMethodVariable(func=_lazy(attr.__func__, None), obj=cls_var)
+                return class_attr_tracker(tx, klass, None, name, attr, inst)
+        unsupported(f"AttributeError: super().{name}", BreakReason.EXCEPTION)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,217 @@
+"""Instances of user subclasses of dict / OrderedDict created while tracing (transformers'
+`ModelOutput`: a dataclass subclassing OrderedDict, with `__post_init__`, `__setattr__` and
+`__setitem__` overrides, `__getitem__` by str and int, `to_tuple`), and dataclass `Field`s.
+
+Owns `DictObjectVariable` (a new object with two parts, as in CPython: its attributes, as any
+new object, and its dict items, a `DictVariable`), `DictPartMethod` (a method of the builtin
+dict base reached through the instance: `self.keys()`, `super().__setitem__(k, v)`, the
+`__len__`/`__iter__`/`__contains__` slots), how such an object is returned from the frame
+(rebuilt with the base type's `__new__` and `__setitem__`, past the overrides), and
+`dataclasses.fields`. Does not own attribute lookup (user_objects.py) or dict methods
+(dicts.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.side_effects import MutationType
+from ferrodyn.trace_result import OutCall, OutConst, OutTuple
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.dicts import DictVariable
+from ferrodyn.variables.user_objects import NewObjectVariable, ObjState, lookup_class_attr
+
+# builtin bases whose instances keep their items in the dict part
+DICT_BASES = (collections.OrderedDict, dict)
+
+
+def dict_base(cls: type) -> type | None:
+    """The builtin dict type `cls` stores its items as, when instances can be modelled: a
+    plain subclass whose instances are created by dict's `__new__`."""
+    if not isinstance(cls, type) or not issubclass(cls, dict) or cls in DICT_BASES:
+        return None
+    if lookup_class_attr(cls, "__new__") is not dict.__new__:
+        return None
+    return next(b for b in DICT_BASES if issubclass(cls, b))
+
+
+@dataclass(frozen=True, eq=False)
+class DictObjectVariable(NewObjectVariable):
+    """A new instance of a dict subclass: attributes in `state`, items in `dict_part`."""
+
+    dict_part: DictVariable = None  # type: ignore[assignment]
+
+    def describe(self):
+        return f"new {self.cls.__name__} object (dict subclass)"
+
+    def reconstruct(self, tx):
+        names = tuple(self.state.attrs)
+        values = tuple(tx.realize(self.state.attrs[n]).reconstruct(tx) for n in names)
+        items = self.dict_part.state.items
+        keys = tuple(items)
+        item_values = tuple(tx.realize(items[k]).reconstruct(tx) for k in keys)
+        return OutCall(rebuild_dict_object,
+                       (OutConst(self.cls), OutConst(names), OutTuple(values), OutConst(keys),
+                        OutTuple(item_values)))
+
+
+def rebuild_dict_object(cls: type, names: tuple, values: tuple, keys: tuple,
+                        item_values: tuple) -> Any:
+    """An instance of the dict subclass `cls` with the given items and attributes, made without
+    `__init__` and past any `__setitem__`/`__setattr__` override (their effects were traced)."""
+    base = dict_base(cls)
+    obj = dict.__new__(cls)
+    for k, v in zip(keys, item_values):
+        base.__setitem__(obj, k, v)
+    for name, value in zip(names, values):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def construct_dict_object(tx, cls: type, args, kwargs) -> VariableTracker:
+    """`cls(*args, **kwargs)` for a dict subclass: a new object, then its `__init__` (Python
+    code inlined; the builtin one fills the items)."""
+    import types
+    from ferrodyn.variables.user_objects import class_attr_tracker
+    base = dict_base(cls)
+    obj = DictObjectVariable(cls=cls, state=ObjState({}),
+                             dict_part=DictVariable.new({}, base))
+    init = lookup_class_attr(cls, "__init__")
+    if init in (dict.__init__, collections.OrderedDict.__init__):
+        if args or kwargs:
+            from ferrodyn.variables.dicts import _update
+            if len(args) > 1:
+                unsupported(f"{cls.__name__}() with {len(args)} arguments", BreakReason.EXCEPTION)
+            _update(tx, obj.dict_part, *args, **kwargs)
+        return obj
+    if not isinstance(init, types.FunctionType):
+        unsupported(f"{cls.__name__}.__init__ is not Python code", BreakReason.UNSUPPORTED_CALL)
+    tx.realize(class_attr_tracker(tx, cls, None, "__init__", init, obj)).call_function(
+        tx, args, kwargs)
+    return obj
+
+
+@dataclass(frozen=True, eq=False)
+class DictPartMethod(VariableTracker):
+    """Method `name` of the builtin dict base, bound to an instance's dict part."""
+
+    dict_part: DictVariable = None  # type: ignore[assignment]
+    name: str = ""
+
+    def describe(self):
+        return f"dict method {self.name}"
+
+    def call_function(self, tx, args, kwargs):
+        from ferrodyn.variables.builtins import SLOT_PROTOCOL
+        protocol = SLOT_PROTOCOL.get(self.name)
+        if protocol is not None and not kwargs:
+            return protocol(tx, self.dict_part, *args)
+        return self.dict_part.call_method(tx, self.name, list(args), dict(kwargs))
+
+
+def dict_part_method(tx, owner_obj: VariableTracker, attr: Any,
+                     name: str) -> VariableTracker | None:
+    """`attr` (found on a builtin dict base in the MRO) bound to `owner_obj`'s dict part: the
+    modelled items of a new object, a read-only view of those of an object from the frame."""
+    if getattr(attr, "__objclass__", None) not in DICT_BASES:
+        return None
+    if isinstance(owner_obj, DictObjectVariable):
+        return DictPartMethod(dict_part=owner_obj.dict_part, name=name)
+    view = _existing_items(tx, owner_obj)
+    return DictPartMethod(dict_part=view, name=name) if view is not None else None
+
+
+# Methods through which the view of an existing object's items is read and guarded (keys
+# guard, `obj[k]` accessors): a class overriding one of them is not viewed.
+_VIEW_READERS = ("__getitem__", "keys", "__iter__", "__len__")
+
+
+def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
+    """The items of a dict subclass instance from the frame, read-only (mutations give up),
+    keys guarded; None when not viewable."""
+    from ferrodyn.guard_spec import GuardKind
+    from ferrodyn.source import ItemSource
+    from ferrodyn.variables.base import LazyVariable
+    from ferrodyn.variables.constant import is_constant_value
+    from ferrodyn.variables.dicts import DictState
+    value = getattr(obj, "value", None)
+    if obj.source is None or not isinstance(value, dict):
+        return None
+    cls, base = type(value), next(b for b in DICT_BASES if isinstance(value, b))
+    if any(lookup_class_attr(cls, m) is not lookup_class_attr(base, m) for m in _VIEW_READERS):
+        return None
+    keys = tuple(base.keys(value))
+    if not all(is_constant_value(k) for k in keys):
+        return None
+    tx.output.install_guard(obj.source, GuardKind.DICT_KEYS, keys)
+    items = {k: LazyVariable(source=ItemSource(obj.source, k), value=base.__getitem__(value, k))
+             for k in keys}
+    return DictVariable(state=DictState(items, MutationType.EXISTING, cls=base, read_only=True))
+
+
+# ---- dataclasses.fields ---------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class DataclassFieldVariable(VariableTracker):
+    """A `dataclasses.Field` of a class (fixed when the class was made: guarded by the type of
+    the instance or the identity of the class it was read from). Its attributes are read as
+    constants; anything else gives up."""
+
+    value: dataclasses.Field = None  # type: ignore[assignment]
+
+    def python_type(self):
+        return dataclasses.Field
+
+    def identity(self):
+        return ("obj", id(self.value))
+
+    def describe(self):
+        return f"dataclass field {self.value.name}"
+
+    def var_getattr(self, tx, name):
+        from ferrodyn.variables.builder import build_unsourced
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as e:
+            unsupported(str(e), BreakReason.EXCEPTION)
+        if value is dataclasses.MISSING:
+            return _MissingVariable()
+        return build_unsourced(value)
+
+
+@dataclass(frozen=True, eq=False)
+class _MissingVariable(VariableTracker):
+    """`dataclasses.MISSING`: only compared by identity."""
+
+    def identity(self):
+        return ("obj", id(dataclasses.MISSING))
+
+    def python_type(self):
+        return type(dataclasses.MISSING)
+
+
+def dataclass_fields(tx, obj) -> VariableTracker:
+    from ferrodyn.variables.lists import TupleVariable
+    v = tx.realize(obj)
+    cls = v.as_python_constant() if v.is_python_constant() and isinstance(
+        v.as_python_constant(), type) else v.python_type()
+    try:
+        fields = dataclasses.fields(cls)
+    except TypeError as e:
+        unsupported(str(e), BreakReason.EXCEPTION)
+    return TupleVariable(items=tuple(DataclassFieldVariable(value=f) for f in fields))
+
+
+def _is_dataclass(tx, obj) -> VariableTracker:
+    v = tx.realize(obj)
+    if v.is_python_constant() and isinstance(v.as_python_constant(), type):
+        return ConstantVariable(value=dataclasses.is_dataclass(v.as_python_constant()))
+    return ConstantVariable(value=dataclasses.is_dataclass(v.python_type()))
+
+
+HANDLERS = {dataclasses.fields: dataclass_fields, dataclasses.is_dataclass: _is_dataclass}
