@@ -210,7 +210,7 @@ def _build_mappingproxy(tx, value, source):
     _guard(tx, source, GuardKind.DICT_KEYS, keys)
     items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
     state = DictState(items, MutationType.EXISTING, cls=type(value), read_only=True)
-    return DictVariable(source=source, state=state))
+    return DictVariable(source=source, state=state)
 
 
 _OBJECT_MODEL_BUILDERS = {
