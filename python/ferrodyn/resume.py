@@ -196,6 +196,23 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
             _mutable_identities(item, seen, lists, exc)
 
 
+def _check_iterator(v, lists: set, exc: Unsupported) -> None:
+    """An iterator live across the break is rebuilt from its remaining items, a snapshot: only
+    right when nothing can change what it would still produce. Refused: lazy iterators
+    (enumerate, zip, reversed, map, filter, dict iterators keep their position in a step
+    function, not in `items[index:]`), and list iterators over a list that is live itself or
+    comes from outside the frame (a later mutation would show in CPython's iterator)."""
+    st = v.state
+    if st.step is not None:
+        _refuse(exc, "a lazy iterator (enumerate, zip, reversed, map, filter, dict) is live "
+                     "across the break")
+    if id(st.items) in lists:
+        _refuse(exc, "an iterator over a list that is itself live")
+    owner = st.owner
+    if owner is not None and owner.mutation_type is MutationType.EXISTING:
+        _refuse(exc, "an iterator over a list from outside the frame is live across the break")
+
+
 def _reconstruct(tx, v, on_stack: bool) -> Out:
     """Out spec of live value `v`. An iterator on the stack (a `for` loop's) is passed as a
     tuple of its remaining items, turned back into an iterator by the resume prologue (so
@@ -306,8 +323,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
             if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
                 _mutable_identities(v, seen, lists, exc)
     for v in seen.values():
-        if isinstance(v, IteratorVariable) and id(v.state.items) in lists:
-            _refuse(exc, "an iterator over a list that is itself live")
+        if isinstance(v, IteratorVariable):
+            _check_iterator(v, lists, exc)
 
     # One build_result over every live value, so graph outputs are shared and deduplicated.
     live = []

@@ -179,7 +179,7 @@ class ListVariable(_SequenceBase):
             unsupported(f"list deletion: {e}", BreakReason.EXCEPTION)
 
     def iterator(self, tx):
-        return IteratorVariable(state=IterState(self.state.items))
+        return IteratorVariable(state=IterState(self.state.items, owner=self.state))
 
     def reconstruct(self, tx):
         st = self.state
@@ -199,6 +199,7 @@ class IterState:
     index: int = 0
     exhausted: bool = False
     step: Callable | None = None
+    owner: Any = None  # the ListState a list iterator walks (None: a private snapshot)
 
 
 @dataclass(frozen=True, eq=False)
