@@ -207,3 +207,24 @@ def test_module_call_raises_and_restores():
     with pytest.raises(RuntimeError, match="boom"):
         opt(torch.zeros(2))
     assert _C.get_eval_frame() is None
+
+
+def test_deepcopy_of_compiled_module_and_function():
+    import copy
+
+    mod = _Net()
+    opt = ferrodyn.compile(mod, backend="eager")
+    x = torch.randn(2, 4)
+    assert torch.allclose(opt(x), mod(x))
+    opt2 = copy.deepcopy(opt)
+    assert opt2._orig_mod is not mod
+    with torch.no_grad():
+        opt2._orig_mod.offset.fill_(5.0)  # the copy's own buffer: the original is untouched
+    assert torch.allclose(opt2(x), opt2._orig_mod(x)) and torch.allclose(opt(x), mod(x))
+    assert not torch.allclose(opt2(x), opt(x))
+
+    def f(x):
+        return x * 2
+
+    cf = ferrodyn.compile(f, backend="eager")
+    assert copy.deepcopy(cf) is cf and copy.copy(cf) is cf

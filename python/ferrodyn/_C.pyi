@@ -43,7 +43,8 @@ class CacheEntry:
 
     On a hit the hook calls `fn(*argument_slots, *closure_cells)`: the frame's argument slots
     in the order of `FrameView.args`, followed by the closure cells (cell objects, in
-    `co_freevars` order) when the code has free variables. `fn`'s return value is the frame's.
+    `co_freevars` order) when the code has free variables, followed by the values of the guard
+    tree's exported nodes (`GuardBuilder.export`), if any. `fn`'s return value is the frame's.
     """
 
     def __init__(
@@ -218,6 +219,11 @@ class GuardBuilder:
         """`parent.size()[dim]` as an int node (read directly for plain tensors)."""
     def tensor_stride(self, parent: GuardNode, dim: int) -> GuardNode:
         """`parent.stride()[dim]` as an int node."""
+
+    def export(self, node: GuardNode) -> int:
+        """Hand `node`'s value to the entry function on every passing check: the hook calls
+        `entry(*argument_slots, *closure_cells, *exported_values)`, in export order (the
+        returned position). A node whose value cannot be read fails the check."""
 
     # -- leaves ----------------------------------------------------------------------------
     def type_is(self, node: GuardNode, typ: type) -> None:

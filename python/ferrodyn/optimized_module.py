@@ -65,6 +65,16 @@ class OptimizedModule(torch.nn.Module):
     # `forward` under the callback when no hooks are set anywhere, else nn.Module.__call__.
     __call__ = _C.ModuleCallSlot()
 
+    def __deepcopy__(self, memo: dict) -> "OptimizedModule":
+        """A wrapper of a deep copy of the original, under the same callback (its `forward`
+        and `ModuleCall` are built for the copy, never shared with this wrapper)."""
+        import copy
+
+        callback = getattr(self.__dict__["forward"], "_ferrodyn_callback", None)
+        new = OptimizedModule(copy.deepcopy(self._orig_mod, memo), callback, self._ferrodyn_options)
+        memo[id(self)] = new
+        return new
+
     # -- forwarding to the original ---------------------------------------------------------
     @property
     def training(self) -> bool:  # type: ignore[override]

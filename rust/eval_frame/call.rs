@@ -88,6 +88,15 @@ impl CompiledFunction {
         }
     }
 
+    /// Copied by reference, like a function.
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
     /// The function called under the callback.
     #[getter]
     fn _ferrodyn_orig(&self, py: Python<'_>) -> Py<PyAny> {
