@@ -295,3 +295,32 @@ def _iadd_through_operator(x):
                                 _set_through_type, _max_keeps_identity, _iadd_through_operator])
 def test_folding_never_mutates_a_copy(fn):
     run_all(fn, torch.ones(2))
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: 3, lambda o: "ab", lambda o: (1, "a"), lambda o: None, lambda o: Color.G,
+    lambda o: frozenset({1}), lambda o: o, lambda o: Holder,
+])
+def test_hash_is_cpythons_or_refused(make):
+    h = Holder()
+
+    def fn(x, o):
+        return x + 1, hash(make(o))
+
+    c = ferrodyn.compile(fn, backend="eager")  # (not deep-copied: hashes of the same objects)
+    for o in (h, Holder(), h):  # another object: the identity guard fails
+        assert c(torch.ones(2), o)[1] == fn(torch.ones(2), o)[1]
+    ferrodyn.reset()
+    assert ferrodyn.explain(fn)(torch.ones(2), h).break_reasons == []
+
+
+@pytest.mark.parametrize("make", [lambda: [1], lambda: {"a": 1}, lambda: Holder(),
+                                  lambda: AlwaysEq()])
+def test_hash_of_unhashable_or_new_values_is_not_guessed(make):
+    def fn(x):
+        try:
+            return x + 1, hash(make()) is not None
+        except TypeError:
+            return x - 1, False
+
+    run_all(fn, torch.ones(2))

@@ -418,6 +418,23 @@ def _id(tx, obj):
     return _c(id(value))
 
 
+def _hash(tx, obj):
+    """`hash(obj)`: folded for immutable constants; for an object hashed by identity (its type
+    keeps object's `__hash__`) read from the frame, its real hash, guarded by identity; else
+    refused (a user `__hash__` is not inlined, a new object has no hash yet)."""
+    v = tx.realize(obj)
+    if v.is_python_constant() and is_constant_value(v.as_python_constant()):
+        return _c(fold(hash, v.as_python_constant()))
+    value = getattr(v, "value", getattr(v, "fn", None))
+    if value is not None and v.identity() == ("obj", id(value)) and \
+            type(value).__hash__ is object.__hash__:
+        from ferrodyn.guard_spec import GuardKind
+        if v.source is not None:
+            tx.output.install_guard(v.source, GuardKind.ID_MATCH, value)
+        return _c(hash(value))
+    unsupported(f"hash() of {v.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+
+
 def _type_call(tx, cls, *args, **kwargs):
     """`type.__call__(cls, *args)`: `cls(*args)`."""
     return tx.realize(cls).call_function(tx, list(args), kwargs)
@@ -450,7 +467,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
-    id: _id,
+    id: _id, hash: _hash,
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
