@@ -10,7 +10,6 @@ import ferrodyn
 from counting_backend import CountingBackend
 from ferrodyn import _C
 
-pytest.importorskip("ferrodyn.symbolic")
 
 
 

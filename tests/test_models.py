@@ -19,7 +19,6 @@ import torch
 import ferrodyn
 from models_zoo import CASES, CASES_BY_NAME, ferrodyn_run, invoke, is_top_frame, run_case
 
-pytest.importorskip("ferrodyn.symbolic")
 
 # Captured as one whole graph by ferrodyn today (and by torch.compile(backend="eager")).
 ONE_GRAPH = {

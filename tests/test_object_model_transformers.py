@@ -11,7 +11,7 @@ import ferrodyn
 from compiled_vs_eager import check_one_graph_like_torch, run_all, same
 from test_object_model_outputs import _uses
 
-transformers_outputs = pytest.importorskip("transformers.modeling_outputs")
+import transformers.modeling_outputs as transformers_outputs  # noqa: E402
 BaseModelOutput = transformers_outputs.BaseModelOutput
 BaseModelOutputWithPooling = transformers_outputs.BaseModelOutputWithPooling
 

@@ -12,7 +12,6 @@ from ferrodyn import _C
 
 WALKTHROUGH = pathlib.Path(__file__).resolve().parent.parent / "docs" / "walkthrough.py"
 
-pytest.importorskip("ferrodyn.symbolic")
 
 
 pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")

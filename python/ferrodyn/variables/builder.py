@@ -29,7 +29,7 @@ import torch
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind
 from ferrodyn.side_effects import MutationType
-from ferrodyn.source import ItemSource, Source
+from ferrodyn.source import AttrSource, ItemSource, Source
 from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
 from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
 from ferrodyn.variables.constant import ConstantVariable, is_constant_value
@@ -119,14 +119,21 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)
     if t is slice and is_constant_value(value):
-        from ferrodyn.source import AttrSource
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         for part in ("start", "stop", "step"):  # slices are unhashable before 3.12
             build(tx, getattr(value, part), AttrSource(source, part))
         return ConstantVariable(source=source, value=value)
-    if t in (torch.device, range, torch.Size) and is_constant_value(value):
+    if t in _PARTS and is_constant_value(value):
+        # Not expressible as one EQUALS payload (the leaf holds exact builtin constants):
+        # the type, then each part that defines the value, read back from the object.
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        _guard(tx, source, GuardKind.EQUALS, value)
+        parts = _PARTS[t](value)
+        if t is torch.Size:
+            _guard(tx, source, GuardKind.LENGTH, len(value))
+        for key, part in parts:
+            part_source = ItemSource(source, key) if isinstance(key, int) else AttrSource(source, key)
+            _guard(tx, part_source, GuardKind.TYPE_MATCH, type(part))
+            _guard(tx, part_source, GuardKind.NONE if part is None else GuardKind.EQUALS, part)
         return ConstantVariable(source=source, value=value)
     if t is tuple:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
@@ -157,14 +164,12 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NNModuleVariable(source=source, value=value)
     if isinstance(value, types.MethodType):
-        from ferrodyn.source import AttrSource
         return BoundMethodVariable(source=source,
                                    func=LazyVariable(source=AttrSource(source, "__func__"),
                                                      value=value.__func__),
                                    obj=LazyVariable(source=AttrSource(source, "__self__"),
                                                     value=value.__self__))
     if t is functools.partial:
-        from ferrodyn.source import AttrSource
         from ferrodyn.variables.functions import PartialVariable
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         args_src, kw_src = AttrSource(source, "args"), AttrSource(source, "keywords")
@@ -225,6 +230,14 @@ def _build_object_model(tx, value, source) -> VariableTracker | None:
         return build_logger(tx, value, source)
     builder = _OBJECT_MODEL_BUILDERS.get(type(value))
     return builder(tx, value, source) if builder is not None else None
+
+
+# Constant values guarded through their parts: (item index or attribute name, value) pairs.
+_PARTS = {
+    torch.Size: lambda v: list(enumerate(v)),
+    range: lambda v: [("start", v.start), ("stop", v.stop), ("step", v.step)],
+    torch.device: lambda v: [("type", v.type), ("index", v.index)],
+}
 
 
 def _lazy_items(value, source) -> tuple:
