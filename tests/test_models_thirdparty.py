@@ -4,9 +4,10 @@ hit and reshape (outputs, module state and, for training cases, gradients), and 
 count compared with torch.compile's on the same case in the same test.
 
 Expectations: a case in ONE_GRAPH is captured as one graph of the whole model with no eager
-frame, as torch.compile does. A case in MORE_GRAPHS is still correct but fragmented today; the
-reason says why, and the test fails once the case matches torch.compile, so that it moves to
-ONE_GRAPH (the gap is tracked by issue 7).
+frame, as torch.compile does. A case in SOME_EAGER has torch.compile's graph count but still runs
+some frames eagerly; a case in MORE_GRAPHS is still correct but fragmented today. Their reasons
+say why, and the test fails once such a case catches up, so that it moves to ONE_GRAPH (the
+gaps are tracked by issue 7).
 """
 
 import pytest
@@ -15,36 +16,35 @@ from models_zoo import ferrodyn_run, is_top_frame, torch_graph_count
 from models_zoo.thirdparty import THIRDPARTY_BY_NAME, THIRDPARTY_CASES
 
 ONE_GRAPH = {
+    "hf_bert", "hf_bert_padded", "hf_roberta", "hf_distilbert", "hf_gpt2", "hf_t5", "hf_bart",
+    "hf_vit", "hf_clip_text",
     "timm_resnet10t", "timm_vit_tiny", "timm_convnext_atto", "tv_mobilenet_v3_small",
     "tv_resnet18",
 }
 
-_OBJECT_MODEL = ("transformers' decorators and config objects: function __code__, "
-                 "__getattribute__ overrides, descriptors called directly, dict iterators, "
-                 "mutation of pre-existing objects (output capturing), ModelOutput dataclasses")
+# As many graphs as torch.compile, but some frames still run eagerly (less is captured).
+SOME_EAGER = {
+    "hf_bert_train_step": "the loss path assigns `config.problem_type` through "
+                          "PreTrainedConfig.__setattr__ (a custom __setattr__ is not replayed)",
+}
+
 MORE_GRAPHS = {
-    "hf_bert": _OBJECT_MODEL,
-    "hf_bert_padded": _OBJECT_MODEL,
-    "hf_roberta": _OBJECT_MODEL,
-    "hf_distilbert": _OBJECT_MODEL,
-    "hf_gpt2": _OBJECT_MODEL,
-    "hf_llama_padded": _OBJECT_MODEL,
-    "hf_qwen2": _OBJECT_MODEL,
-    "hf_t5": _OBJECT_MODEL + "; int += tensor in relative-position bucketing",
-    "hf_bart": _OBJECT_MODEL,
-    "hf_vit": _OBJECT_MODEL,
-    "hf_clip_text": _OBJECT_MODEL,
-    "hf_bert_train_step": _OBJECT_MODEL,
-    "hf_gpt2_decode": _OBJECT_MODEL + "; the DynamicCache object is mutated",
-    "hf_llama_decode": _OBJECT_MODEL + "; the DynamicCache object is mutated",
+    "hf_llama_padded": "os.environ.get() in use_gqa_in_sdpa: a KeyError raised by a builtin "
+                       "dict and caught in the stdlib's Mapping.get is not modelled",
+    "hf_qwen2": "as hf_llama_padded; the decoder-layer loop over enumerate() cannot resume "
+                "after that break (lazy iterators are refused at breaks)",
+    "hf_gpt2_decode": "the DynamicCache object is mutated through methods the converter "
+                      "refuses (custom __setattr__, lists of tensors)",
+    "hf_llama_decode": "as hf_gpt2_decode, plus os.environ.get()",
 }
 
 pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 
 
 def test_expectation_tables_name_every_case_once():
-    assert ONE_GRAPH | set(MORE_GRAPHS) == set(THIRDPARTY_BY_NAME)
-    assert not ONE_GRAPH & set(MORE_GRAPHS)
+    tables = [ONE_GRAPH, set(SOME_EAGER), set(MORE_GRAPHS)]
+    assert set().union(*tables) == set(THIRDPARTY_BY_NAME)
+    assert sum(map(len, tables)) == len(THIRDPARTY_BY_NAME)
 
 
 @pytest.mark.parametrize("case", THIRDPARTY_CASES, ids=lambda c: c.name)
@@ -58,6 +58,9 @@ def test_thirdparty_model_matches_eager_and_torch_compile_graph_count(case):
         assert is_top_frame(case.build(), rep.codes[0]), f"{case.name}: captured {rep.frames[0]}"
         assert rep.eager == [], f"{case.name}: frames ran eagerly: {rep.eager}"
         assert rep.graphs_hit == ours and rep.hits >= 1, f"{case.name}: no cache hit"
+    elif case.name in SOME_EAGER:
+        assert ours <= theirs, f"{case.name}: ferrodyn {ours} graphs, torch.compile {theirs}"
+        assert rep.eager, f"{case.name} now runs no frame eagerly: move it to ONE_GRAPH"
     else:
         assert ours > theirs, (f"{case.name} now captures {ours} graph(s), torch.compile "
                                f"{theirs}: move it to ONE_GRAPH")
