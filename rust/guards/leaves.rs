@@ -6,6 +6,7 @@ use pyo3::types::{PyDict, PyWeakrefReference};
 
 use super::consts::{is_showable, Const};
 use super::global_state::Snapshot;
+use super::shape_leaf::ShapeLeaf;
 use crate::tensor::TensorSpec;
 
 /// An object held for identity comparison: weakly where it can be (the guard fails once it
@@ -64,6 +65,8 @@ pub(crate) enum LeafKind {
     DictKeys(Vec<Py<PyAny>>),
     Tensor(TensorSpec),
     GlobalState(Box<Snapshot>),
+    /// A symbolic-shape expression over several nodes (the tree evaluates it: `node` is None).
+    Shape(Box<ShapeLeaf>),
 }
 
 impl LeafKind {
@@ -74,6 +77,7 @@ impl LeafKind {
             LeafKind::Equals(_) | LeafKind::LengthIs(_) | LeafKind::DictKeys(_) => 1,
             LeafKind::GlobalState(_) => 2,
             LeafKind::Tensor(_) => 3,
+            LeafKind::Shape(_) => 4,
         }
     }
 }
@@ -95,6 +99,7 @@ impl Leaf {
     pub(crate) fn check(&self, py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> bool {
         match &self.kind {
             LeafKind::GlobalState(s) => s.check(py),
+            LeafKind::Shape(_) => false, // evaluated by the tree (GuardTree::check_shape)
             kind => match v {
                 None => false,
                 Some(v) => check_value(kind, py, v),
@@ -149,6 +154,7 @@ impl Leaf {
             },
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
+            LeafKind::Shape(_) => self.expr.clone(), // explained by the tree (it reads the symbols)
         }
     }
 }
@@ -179,6 +185,7 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         },
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
+        LeafKind::Shape(_) => false, // evaluated by the tree, never on one value
     }
 }
 

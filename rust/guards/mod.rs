@@ -4,7 +4,8 @@
 //! Files: `access` (how a node's value is read from its parent), `consts` (the constants of
 //! `equals`), `leaves` (the checks and their explanations), `tree` (the immutable tree and its
 //! evaluation), `builder` (the Python-facing builder and node handles), `global_state` (torch's
-//! grad mode / default dtype / determinism / autocast snapshot). Tensor metadata reads live in
+//! grad mode / default dtype / determinism / autocast snapshot), `symexpr` (the symbolic-shape
+//! expression IR, pyo3-free) and `shape_leaf` (the leaf that evaluates one over frame values). Tensor metadata reads live in
 //! `crate::tensor`. No leaf ever calls back into user Python code on purpose; errors raised by
 //! user code during accessors (a property raising) count as guard failure.
 use pyo3::prelude::*;
@@ -17,6 +18,8 @@ mod builder;
 mod consts;
 pub mod global_state;
 mod leaves;
+mod shape_leaf;
+pub mod symexpr;
 mod tree;
 
 pub use builder::{GuardBuilder, GuardNode};

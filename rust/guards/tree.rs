@@ -5,7 +5,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::access::{Access, Defaults};
-use super::leaves::Leaf;
+use super::leaves::{Leaf, LeafKind};
+use super::shape_leaf::ShapeLeaf;
 use super::{GuardInput, Locals};
 use crate::ffi::slots::Slots;
 
@@ -68,9 +69,10 @@ impl GuardTree {
             builtins: self.builtins.as_ref().map(|b| b.bind(py)),
         };
         for (i, leaf) in self.leaves.iter().enumerate() {
-            let ok = match leaf.node {
-                None => leaf.check(py, None),
-                Some(n) => {
+            let ok = match (leaf.node, &leaf.kind) {
+                (None, LeafKind::Shape(s)) => self.check_shape(py, input, &defaults, memo, s),
+                (None, _) => leaf.check(py, None),
+                (Some(n), _) => {
                     if memo[n].is_none() {
                         self.ensure(py, input, &defaults, memo, n);
                     }
@@ -84,6 +86,22 @@ impl GuardTree {
             }
         }
         None
+    }
+
+    /// A symbolic-shape leaf: read each bound symbol from its node, evaluate natively.
+    #[inline]
+    fn check_shape<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        defaults: &Defaults<'_, 'py>,
+        memo: &mut [Val<'py>],
+        leaf: &ShapeLeaf,
+    ) -> bool {
+        leaf.check(|b| {
+            self.ensure(py, input, defaults, memo, b.node);
+            memo[b.node].as_ref()?.as_ref().and_then(|v| b.read.read(v))
+        })
     }
 
     /// Compute node `n`'s value (and its ancestors') into the memo if not there yet.
@@ -117,7 +135,17 @@ impl GuardTree {
         let (i, memo) = self.first_failure(py, input)?;
         let leaf = &self.leaves[i];
         let msg = match leaf.node {
-            None => leaf.explain(py, &py.None().into_bound(py)),
+            None => match &leaf.kind {
+                LeafKind::Shape(s) => {
+                    let values: Vec<Option<i64>> = s
+                        .bindings
+                        .iter()
+                        .map(|b| memo[b.node].clone().flatten().and_then(|v| b.read.read(&v)))
+                        .collect();
+                    s.explain(&values)
+                }
+                _ => leaf.explain(py, &py.None().into_bound(py)),
+            },
             Some(n) => match memo[n].clone().flatten() {
                 Some(v) => leaf.explain(py, &v),
                 None => {
