@@ -22,6 +22,9 @@ _PUBLIC = {
     "Unsupported": "ferrodyn.exc",
     "BackendCompilerFailed": "ferrodyn.exc",
     "make_fx": "ferrodyn.proxy_dispatch",
+    "mark_dynamic": "ferrodyn.dynamic",
+    "maybe_mark_dynamic": "ferrodyn.dynamic",
+    "mark_static": "ferrodyn.dynamic",
 }
 _SUBMODULES = ("config", "weak")
 

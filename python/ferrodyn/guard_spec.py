@@ -26,6 +26,7 @@ class GuardKind(enum.Enum):
     DICT_KEYS = "dict_keys"       # payload: tuple of keys, in order
     TENSOR_MATCH = "tensor_match" # payload: the example tensor; options: dynamic_dims
     GLOBAL_STATE = "global_state" # source: None, payload: None
+    SHAPE = "shape_guard"         # source: None, payload: (prefix tokens, ((Source, kind, dim), ...))
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,14 @@ class GuardSpec:
              dynamic_dims: tuple[int, ...] = ()) -> "GuardSpec":
         if kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH):
             key = id(payload)
-        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS):
+        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.SHAPE):
             key = (type(payload), payload)
         else:
             key = None
         return GuardSpec(source, kind, payload, key, tuple(dynamic_dims))
 
     def describe(self) -> str:
+        if self.kind is GuardKind.SHAPE:
+            return f"SHAPE({self.payload[0]} over {', '.join(s.name() for s, _, _ in self.payload[1])})"
         src = self.source.name() if self.source is not None else "<global state>"
         return f"{self.kind.name}({src})"

@@ -94,6 +94,10 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
         if spec.kind is GuardKind.GLOBAL_STATE:
             builder.global_state()
             continue
+        if spec.kind is GuardKind.SHAPE:  # symbols bound to several sources
+            tokens, bindings = spec.payload
+            builder.shape_guard(tokens, [(node_of(src), kind, dim) for src, kind, dim in bindings])
+            continue
         leaf = _LEAVES.get(spec.kind)
         if leaf is None:
             raise GuardCompileError(f"no guard leaf for kind {spec.kind!r}")

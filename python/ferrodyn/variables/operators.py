@@ -50,6 +50,12 @@ def _is_tensor(v) -> bool:
     return isinstance(v, TensorVariable)
 
 
+def _is_graph_value(v) -> bool:
+    """A tensor or a symbolic int: operators on it are recorded in the graph."""
+    from ferrodyn.variables.sym_int import SymIntVariable
+    return _is_tensor(v) or isinstance(v, SymIntVariable)
+
+
 def _const(v: VariableTracker) -> Any:
     return v.as_python_constant()
 
@@ -67,8 +73,9 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
     from ferrodyn.variables.lists import ListVariable, TupleVariable
     from ferrodyn.variables.tensor import record_op
     a, b = tx.realize(a), tx.realize(b)
-    if _is_tensor(a) or _is_tensor(b):
-        return record_op(tx, "call_function", fn, [a, b], {})
+    if _is_graph_value(a) or _is_graph_value(b):
+        return record_op(tx, "call_function", _INPLACE_TO_BINARY.get(fn, fn) if not (
+            _is_tensor(a)) else fn, [a, b], {})
     if a.is_python_constant() and b.is_python_constant() and \
             isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
         return wrap_constant(fold(fn, _const(a), _const(b)))
@@ -133,7 +140,7 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
 def compare_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.tensor import record_op
     a, b = tx.realize(a), tx.realize(b)
-    if _is_tensor(a) or _is_tensor(b):
+    if _is_graph_value(a) or _is_graph_value(b):
         return record_op(tx, "call_function", fn, [a, b], {})
     if fn in (operator.eq, operator.ne):
         eq = values_equal(tx, a, b)
@@ -152,6 +159,12 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
     a, b = tx.realize(a), tx.realize(b)
     if _is_tensor(a) or _is_tensor(b):
         unsupported("== between a tensor and a value as a Python bool", BreakReason.DATA_DEPENDENT)
+    if _is_graph_value(a) or _is_graph_value(b):  # a SymInt: decided with a ShapeEnv guard
+        try:
+            ea, eb = (v.example if _is_graph_value(v) else v.as_python_constant() for v in (a, b))
+        except NotConstant:
+            return False  # an int is never equal to a list, object...
+        return bool(ea == eb)
     if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
         return bool(fold(operator.eq, a.value, b.value))
     if isinstance(a, _SequenceBase) and isinstance(b, _SequenceBase):
@@ -204,7 +217,7 @@ def is_same(tx, a: VariableTracker, b: VariableTracker) -> bool:
 def unary_op(tx, fn: Callable, a: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.tensor import record_op
     a = tx.realize(a)
-    if _is_tensor(a):
+    if _is_graph_value(a):
         return record_op(tx, "call_function", fn, [a], {})
     if a.is_python_constant():
         return wrap_constant(fold(fn, _const(a)))
