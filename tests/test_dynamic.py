@@ -292,3 +292,17 @@ def test_dynamic_tensor_guard_explain():
     assert "(got torch.float64)" in entry.guards.explain([torch.randn(5, 3, dtype=torch.float64)])
     assert entry.guards.check([torch.randn(9, 4)])
     assert not entry.guards.check([torch.randn(4, 9).t()])  # strides differ
+
+
+# ---- Inductor on a dynamic graph (one small compile: Inductor is slow here) ------------------
+
+def test_inductor_compiles_one_dynamic_kernel():
+    def f(x, n):
+        return (x * n).relu().sum(0) + x.shape[0]
+
+    cb = CountingBackend("inductor")
+    cf = ferrodyn.compile(f, backend=cb, dynamic=True)
+    for b, n in ((3, 2), (5, 3), (8, 4)):
+        x = torch.randn(b, 4)
+        torch.testing.assert_close(cf(x, n), f(x, n))
+    assert cb.count == 1

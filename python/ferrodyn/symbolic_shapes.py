@@ -234,8 +234,8 @@ _BINOPS = {ast.Add: "add:2", ast.Mult: "mul:2", ast.FloorDiv: "floordiv", ast.Mo
            ast.Pow: "pow"}
 _CMPOPS = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt",
            ast.GtE: "ge"}
-_CALLS = {"torch.sym_max": "max:2", "torch.sym_min": "min:2", "max": "max:2", "min": "min:2",
-          "sym_max": "max:2", "sym_min": "min:2"}
+_CALLS = {"torch.sym_max": "max", "torch.sym_min": "min", "max": "max", "min": "min",
+          "sym_max": "max", "sym_min": "min"}
 
 
 def to_prefix(text: str) -> tuple[str, list[str]]:
@@ -284,8 +284,8 @@ def to_prefix(text: str) -> tuple[str, list[str]]:
                 emit(a)
                 emit(b)
         elif isinstance(node, ast.Call) and not node.keywords and \
-                ast.unparse(node.func) in _CALLS and len(node.args) == 2:
-            out.append(_CALLS[ast.unparse(node.func)])
+                ast.unparse(node.func) in _CALLS and len(node.args) >= 2:
+            out.append(f"{_CALLS[ast.unparse(node.func)]}:{len(node.args)}")
             for a in node.args:
                 emit(a)
         else:
