@@ -69,9 +69,10 @@ class Policy:
         self.symbolic = False  # whether this trace made anything symbolic
 
     # -- tensors ---------------------------------------------------------------------------
-    def dims_for(self, source: Source, value: torch.Tensor) -> tuple[set[int], set[int]]:
-        """(dynamic dims, strict dims) of the tensor input at `source`. Strict dims were
-        `mark_dynamic`ed: specialising one is an error."""
+    def dims_for(self, source: Source, value: torch.Tensor) -> tuple[set[int], set[int], set[int]]:
+        """(dynamic dims, strict dims, duck-sized dims) of the tensor input at `source`.
+        Strict dims were `mark_dynamic`ed: specialising one is an error. Under dynamic=True
+        dims are duck-sized (equal sizes share a symbol) until their size changed, as torch."""
         n = value.dim()
         strict = {d % n for d in getattr(value, "_dynamo_dynamic_indices", ()) if n}
         weak = {d % n for d in getattr(value, "_dynamo_weak_dynamic_indices", ()) if n}
@@ -80,25 +81,29 @@ class Policy:
         sizes = list(value.shape)
         if not _may_be_dynamic(source) or isinstance(value, torch.nn.Parameter) or \
                 self.mode is False:
-            if self.mode is not False:
+            if self.mode is not False and _may_be_dynamic(source):
                 self._seen_sizes[name] = sizes
             self.symbolic |= bool(strict)
-            return strict, strict
+            return strict, strict, set()
         dyn = set(strict | weak)
-        if self.mode is True:
-            dyn |= set(range(n))
-        elif self.mode is None:
-            before = self.memory.sizes.get(name)
-            if before is not None and len(before) == n:
-                changed = {i for i in range(n) if before[i] is None or before[i] != sizes[i]}
+        changed: set[int] = set()
+        before = self.memory.sizes.get(name)
+        if before is not None and len(before) == n:
+            changed = {i for i in range(n) if before[i] is None or before[i] != sizes[i]}
+            if self.mode is None:
                 for i in sorted(changed - {i for i in range(n) if before[i] is None}):
                     dynamic_log.debug("automatic dynamic: %s size %d changed %s -> %s, dim %d "
                                       "is dynamic from now on", name, i, before[i], sizes[i], i)
-                dyn |= changed
+        duck: set[int] = set()
+        if self.mode is True:
+            dyn |= set(range(n))
+            duck = set(range(n)) - changed - strict - weak
+        elif self.mode is None:
+            dyn |= changed
         dyn -= static - strict
-        self._seen_sizes[name] = [None if i in dyn else s for i, s in enumerate(sizes)]
+        self._seen_sizes[name] = [None if i in changed else s for i, s in enumerate(sizes)]
         self.symbolic |= bool(dyn)
-        return dyn, strict
+        return dyn, strict, duck
 
     # -- ints ----------------------------------------------------------------------------
     def int_is_dynamic(self, source: Source, value: int) -> bool:

@@ -81,9 +81,10 @@ class OutputGraph:
 
     def add_graph_input(self, source: Source, value: torch.Tensor) -> tuple[torch.fx.Node, Any]:
         """A placeholder for a tensor read from `source`; returns (node, fake example)."""
-        dyn, strict = self.dynamism.dims_for(source, value)
+        dyn, strict, duck = self.dynamism.dims_for(source, value)
         try:
-            fake, ctx = symbolic_shapes.fake_input(self.fake_mode, value, source, dyn, strict)
+            fake, ctx = symbolic_shapes.fake_input(self.fake_mode, value, source, dyn, strict,
+                                                   duck=duck)
         except Exception as e:  # subclasses and exotic tensors
             unsupported(f"tensor input {source.name()} of type {type(value).__name__}: {e}",
                         BreakReason.UNSUPPORTED_TYPE)

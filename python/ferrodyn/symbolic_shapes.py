@@ -74,29 +74,43 @@ def new_shape_env() -> ShapeEnv:
 
 # ---- symbolic inputs ----------------------------------------------------------------------
 
-def symbolic_context(value: torch.Tensor, source: Source | None, dynamic_dims, strict_dims=()):
+def _torch_source(source):
+    if source is None or isinstance(source, TorchSource):
+        return source
+    return FrameSource(source)
+
+
+def symbolic_context(value: torch.Tensor, source, dynamic_dims, strict_dims=(), duck=()):
     """torch's per-tensor policy: DYNAMIC at `dynamic_dims` (0/1 sizes still specialise, as in
-    torch), STATIC elsewhere; `strict_dims` (mark_dynamic) may not be specialised: producing
-    guards then raises torch's ConstraintViolationError naming the cause."""
+    torch; DUCK at the dims also in `duck` (True: all): equal sizes share a symbol, as under
+    torch.compile(dynamic=True) and make_fx), STATIC elsewhere; `strict_dims` (mark_dynamic) may not be specialised:
+    producing guards then raises torch's ConstraintViolationError naming the cause."""
     n = value.dim()
+
+    def kind(i):
+        if i not in dynamic_dims:
+            return DimDynamic.STATIC
+        ducked = duck is True or (duck and i in duck)
+        return DimDynamic.DUCK if ducked and i not in strict_dims else DimDynamic.DYNAMIC
+
     return StatefulSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC if i in dynamic_dims else DimDynamic.STATIC
-                       for i in range(n)],
+        dynamic_sizes=[kind(i) for i in range(n)],
         dynamic_strides=[DimDynamic.INFER_STRIDE] * n,
         constraint_sizes=[RelaxedUnspecConstraint(warn_only=False) if i in strict_dims else None
                           for i in range(n)],
         constraint_strides=[None] * n,
-        tensor_source=FrameSource(source) if source is not None else None,
+        tensor_source=_torch_source(source),
         shape_env_to_source_to_symbol_cache={},
     )
 
 
-def fake_input(fake_mode, value: torch.Tensor, source: Source | None, dynamic_dims=(),
-               strict_dims=()) -> tuple[Any, Any]:
-    """(fake tensor, symbolic context) for a real input; static when `dynamic_dims` is empty."""
+def fake_input(fake_mode, value: torch.Tensor, source, dynamic_dims=(),
+               strict_dims=(), duck=()) -> tuple[Any, Any]:
+    """(fake tensor, symbolic context) for a real input; static when `dynamic_dims` is empty.
+    `source`: a ferrodyn Source (compile) or a torch one (make_fx's `ConstantSource`)."""
     if not dynamic_dims or fake_mode.shape_env is None:
         return fake_mode.from_tensor(value, static_shapes=True), None
-    ctx = symbolic_context(value, source, set(dynamic_dims), set(strict_dims))
+    ctx = symbolic_context(value, source, set(dynamic_dims), set(strict_dims), duck)
     fake = fake_mode.from_tensor(value, source=ctx.tensor_source, symbolic_context=ctx)
     return fake, ctx
 
