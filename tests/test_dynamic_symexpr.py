@@ -1,7 +1,7 @@
 """The native symbolic-shape expression IR (rust/guards/symexpr.rs, through
 `GuardBuilder.shape_guard`) against sympy's evaluation of the same expressions: random
-expressions built from the functions a ShapeEnv's guards use, printed by torch's Python printer,
-turned into prefix tokens (`symbolic_shapes.to_prefix`) and evaluated in Rust."""
+expressions built from the functions a ShapeEnv's guards use, turned into prefix tokens the
+way `shape_guard_specs` does (`symbolic_shapes.sympy_to_prefix`) and evaluated in Rust."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
 from torch.utils._sympy.printers import PythonPrinter
 
 from ferrodyn import _C
-from ferrodyn.symbolic_shapes import ShapeGuardUnsupported, to_prefix
+from ferrodyn.symbolic_shapes import ShapeGuardUnsupported, sympy_to_prefix, to_prefix
 
 A, B, C = SYMS = sympy.symbols("a b c", integer=True)
 _I64 = 2 ** 63
@@ -98,12 +98,8 @@ VALUES = st.fixed_dictionaries({k: st.integers(-30, 30) for k in "abc"})
 @settings(max_examples=80, deadline=None)
 @given(_ints(), VALUES)
 def test_integer_expressions_match_sympy(expr, values):
-    text = PythonPrinter().doprint(expr)
-    try:
-        tokens, names = to_prefix(text)
-    except ShapeGuardUnsupported:
-        assert not expr.is_integer, text  # only non-integer forms may be refused
-        return
+    text = str(expr)
+    tokens, names = sympy_to_prefix(expr)
     want = _sympy_value(expr, values)
     if want is None or abs(want) >= _I64:  # division by zero / overflow: the guard fails
         assert not _native(tokens, names, values, rhs=0) and not _native(tokens, names, values, rhs=1)
@@ -115,15 +111,28 @@ def test_integer_expressions_match_sympy(expr, values):
 @settings(max_examples=80, deadline=None)
 @given(_bools(), VALUES)
 def test_boolean_expressions_match_sympy(expr, values):
-    if expr in (sympy.true, sympy.false):
-        text = "True" if expr is sympy.true else "False"
-    else:
-        text = PythonPrinter().doprint(expr)
-    tokens, names = to_prefix(text)
+    text = str(expr)
+    tokens, names = sympy_to_prefix(expr)
     want = _sympy_value(expr, values)
     if want is None:  # a division by zero somewhere: sympy has no value; Rust fails closed
         return
     assert _native(tokens, names, values) is want, (text, values)
+
+
+def test_printed_text_is_not_trusted():
+    """torch's printer writes -Mod(a, 2) as `(-1)*a % 2`, i.e. ((-1)*a) % 2 (torch's Mod prints
+    the same way): the sympy form is converted instead (a guard built from the text would be
+    wrong for odd a)."""
+    expr = -sympy.Mod(A, 2)
+    assert PythonPrinter().doprint(expr) == "(-1)*a % 2"
+    tokens, names = sympy_to_prefix(expr)
+    assert _native(tokens, names, {"a": 1, "b": 0, "c": 0}, rhs=-1)
+
+
+@pytest.mark.parametrize("expr", [A / 2, A + sympy.Rational(1, 2), sympy.floor(A / 3), A * 0.5])
+def test_sympy_forms_without_a_native_form_are_refused(expr):
+    with pytest.raises(ShapeGuardUnsupported):
+        sympy_to_prefix(expr)
 
 
 @pytest.mark.parametrize("text", ["a / 2", "a + 0.5", "math.floor(a)", "a if b else c", "a in b"])

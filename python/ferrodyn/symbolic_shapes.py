@@ -18,9 +18,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+import threading
+from typing import Any, Callable, Iterator
 
+import sympy
 import torch
+import torch.fx.experimental.symbolic_shapes as _torch_shapes
 from torch._guards import GuardSource, Source as TorchSource
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
@@ -203,14 +206,19 @@ def shape_guard_specs(gm: torch.fx.GraphModule) -> list[GuardSpec]:
     fakes = [f for f, _, _ in rec.inputs]
     sources = [FrameSource(s) for _, s, _ in rec.inputs]
     contexts = [c for _, _, c in rec.inputs]
-    exprs = rec.shape_env.produce_guards_verbose(
-        fakes, sources, source_ref=ref, input_contexts=contexts, ignore_static=False,
-        langs=("python",))[0].exprs
+    _capture.active, _capture.exprs = True, []
+    try:  # the printer hands back each sympy expression under a name (see _CapturingPrinter)
+        exprs = rec.shape_env.produce_guards_verbose(
+            fakes, sources, source_ref=ref, input_contexts=contexts, ignore_static=False,
+            langs=("python",))[0].exprs
+        captured = list(_capture.exprs)
+    finally:
+        _capture.active, _capture.exprs = False, []
     by_name = {name: key for key, name in keys.items()}
     pinned = _pinned(rec)
     specs = []
     for text in exprs:
-        tokens, used = to_prefix(text)
+        tokens, used = to_prefix(text, captured)
         bindings = tuple(by_name[n] for n in used)
         if _redundant(tokens, bindings, pinned):
             continue
@@ -252,9 +260,100 @@ _CALLS = {"torch.sym_max": "max", "torch.sym_min": "min", "max": "max", "min": "
           "sym_max": "max", "sym_min": "min"}
 
 
-def to_prefix(text: str) -> tuple[str, list[str]]:
-    """A guard printed by torch's Python printer (with symbols as identifiers) -> (prefix
-    tokens with `s<k>` for the k-th identifier in order of appearance, the identifiers)."""
+# ---- sympy -> prefix tokens ------------------------------------------------------------------
+#
+# torch's ShapeEnv prints its guards to Python text, and that printer is not a faithful
+# inverse (`-Mod(a, 2)` prints as `(-1)*a % 2`, which Python reads as `((-1)*a) % 2`). So the
+# expressions are taken as sympy objects instead: while `shape_guard_specs` runs, the guard
+# printer (a subclass installed in torch's module, inert on every other call and thread)
+# returns a placeholder name `__fd_expr<j>` for each sympy expression and records it; the
+# printed text then only glues placeholders and sources together (`<source> == <expr>`), and
+# every expression is converted from sympy by `_emit_sympy`.
+
+_capture = threading.local()
+_EXPR_PREFIX = "__fd_expr"
+
+
+class _CapturingPrinter(_torch_shapes.ShapeGuardPythonPrinter):
+    def doprint(self, expr, *args, **kwargs):  # type: ignore[override]
+        if not getattr(_capture, "active", False):
+            return super().doprint(expr, *args, **kwargs)
+        _capture.exprs.append((expr, self))
+        return f"{_EXPR_PREFIX}{len(_capture.exprs) - 1}"
+
+
+if not issubclass(_torch_shapes.ShapeGuardPythonPrinter, _CapturingPrinter):
+    _torch_shapes.ShapeGuardPythonPrinter = _CapturingPrinter  # type: ignore[misc]
+
+
+def _sympy_ops():
+    from torch.utils._sympy import functions as F
+    table: list[tuple[tuple[type, ...], str, bool]] = [  # (types, op, n-ary)
+        ((sympy.Add,), "add", True), ((sympy.Mul,), "mul", True),
+        ((F.Max, sympy.Max), "max", True), ((F.Min, sympy.Min), "min", True),
+        ((sympy.And,), "and", True), ((sympy.Or,), "or", True),
+        ((F.FloorDiv,), "floordiv", False),  # CleanDiv is a FloorDiv
+        ((F.PythonMod, F.Mod, sympy.Mod), "mod", False),  # torch's Mod: nonnegative operands
+        ((F.PowByNatural,), "pow", False),
+        ((sympy.Eq,), "eq", False), ((sympy.Ne,), "ne", False),
+        ((sympy.StrictLessThan,), "lt", False), ((sympy.LessThan,), "le", False),
+        ((sympy.StrictGreaterThan,), "gt", False), ((sympy.GreaterThan,), "ge", False),
+        ((sympy.Not,), "not", False),
+    ]
+    return table
+
+
+_SYMPY_OPS: list | None = None
+
+
+def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
+    global _SYMPY_OPS
+    if e is sympy.true or e is sympy.false:
+        out.append("true" if e is sympy.true else "false")
+        return
+    if getattr(e, "is_Integer", False):
+        out.append(str(int(e)))
+        return
+    if isinstance(e, sympy.Symbol):
+        out.append(sym(e))
+        return
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
+        out.append("pow")
+        _emit_sympy(e.base, out, sym)
+        out.append(str(int(e.exp)))
+        return
+    if _SYMPY_OPS is None:
+        _SYMPY_OPS = _sympy_ops()
+    for types, op, nary in _SYMPY_OPS:
+        if isinstance(e, types):
+            if not nary and op != "not" and len(e.args) != 2:
+                break
+            out.append(f"{op}:{len(e.args)}" if nary else op)
+            for a in e.args:
+                _emit_sympy(a, out, sym)
+            return
+    raise ShapeGuardUnsupported(f"shape guard term {e} ({type(e).__name__}) has no native form")
+
+
+def sympy_to_prefix(expr, name_of: Callable[[Any], str] = str) -> tuple[str, list[str]]:
+    """A sympy guard expression -> (prefix tokens, symbol names in order of `s<k>`)."""
+    names: list[str] = []
+    out: list[str] = []
+
+    def sym(s) -> str:
+        n = name_of(s)
+        if n not in names:
+            names.append(n)
+        return f"s{names.index(n)}"
+
+    _emit_sympy(expr, out, sym)
+    return " ".join(out), names
+
+
+def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
+    """A guard as printed by torch (symbols as identifiers; `__fd_expr<j>` stands for the j-th
+    `captured` (sympy expression, printer)) -> (prefix tokens with `s<k>` for the k-th symbol
+    identifier in order of appearance, the identifiers)."""
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as e:
@@ -262,14 +361,20 @@ def to_prefix(text: str) -> tuple[str, list[str]]:
     names: list[str] = []
     out: list[str] = []
 
+    def sym_token(name: str) -> str:
+        if name not in names:
+            names.append(name)
+        return f"s{names.index(name)}"
+
     def emit(node) -> None:
         if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
             out.append(("true" if node.value else "false") if type(node.value) is bool
                        else str(node.value))
+        elif isinstance(node, ast.Name) and node.id.startswith(_EXPR_PREFIX):
+            expr, printer = captured[int(node.id[len(_EXPR_PREFIX):])]
+            _emit_sympy(expr, out, lambda s: sym_token(printer._print_Symbol(s)))
         elif isinstance(node, ast.Name):
-            if node.id not in names:
-                names.append(node.id)
-            out.append(f"s{names.index(node.id)}")
+            out.append(sym_token(node.id))
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             out.append(_BINOPS[type(node.op)])
             emit(node.left)
