@@ -216,14 +216,30 @@ def shape_guard_specs(gm: torch.fx.GraphModule) -> list[GuardSpec]:
         _capture.active, _capture.exprs = False, []
     by_name = {name: key for key, name in keys.items()}
     pinned = _pinned(rec)
-    specs = []
+    guards = []
     for text in exprs:
         tokens, used = to_prefix(text, captured)
         bindings = tuple(by_name[n] for n in used)
-        if _redundant(tokens, bindings, pinned):
-            continue
-        specs.append(GuardSpec.make(None, GuardKind.SHAPE, (tokens, bindings)))
-    return specs
+        if not _redundant(tokens, bindings, pinned):
+            guards.append((tokens, bindings))
+    return [GuardSpec.make(None, GuardKind.SHAPE, g) for g in _conjunction(guards)]
+
+
+def _conjunction(guards: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+    """All guards as one leaf: `and:<n>` over shared bindings, so each size is read once per
+    check (the leaf explains the first failing conjunct, and lists each in `leaves()`)."""
+    if len(guards) <= 1:
+        return guards
+    keys: list[tuple] = []
+    parts = []
+    for tokens, bindings in guards:
+        remap = {}
+        for k, b in enumerate(bindings):
+            if b not in keys:
+                keys.append(b)
+            remap[f"s{k}"] = f"s{keys.index(b)}"
+        parts.append(" ".join(remap.get(t, t) for t in tokens.split()))
+    return [(f"and:{len(parts)} " + " ".join(parts), tuple(keys))]
 
 
 def _pinned(rec: ShapeRecord) -> set[tuple]:

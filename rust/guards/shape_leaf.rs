@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 
-use super::symexpr::Expr;
+use super::symexpr::{Expr, NAry};
 
 /// What a symbol's value is read from, on its node's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,10 +66,27 @@ pub(crate) struct ShapeLeaf {
 pub(crate) const INLINE_SYMS: usize = 16;
 
 impl ShapeLeaf {
+    fn names(&self) -> Vec<String> {
+        self.bindings.iter().map(|b| b.name.clone()).collect()
+    }
+
     /// The guard's text in source terms.
     pub(crate) fn text(&self) -> String {
-        let names: Vec<String> = self.bindings.iter().map(|b| b.name.clone()).collect();
-        self.expr.render(&names)
+        self.expr.render(&self.names())
+    }
+
+    /// The top-level conjuncts (a conjunction of guards shares one reading of its symbols).
+    fn conjuncts(&self) -> Vec<&Expr> {
+        match &self.expr {
+            Expr::NAry(NAry::And, xs) => xs.iter().collect(),
+            e => vec![e],
+        }
+    }
+
+    /// One text per conjunct (what `GuardTree.leaves()` lists).
+    pub(crate) fn texts(&self) -> Vec<String> {
+        let names = self.names();
+        self.conjuncts().iter().map(|e| e.render(&names)).collect()
     }
 
     /// Whether the expression holds, reading symbol k with `value(k)`.
@@ -98,11 +115,21 @@ impl ShapeLeaf {
 
     /// Why the guard fails, given the symbols' values (None: could not be read).
     pub(crate) fn explain(&self, values: &[Option<i64>]) -> String {
-        let text = self.text();
-        let used = self.expr.symbols();
+        let names = self.names();
         if let Some(k) = values.iter().position(|v| v.is_none()) {
-            return format!("{text} ({} could not be read)", self.bindings[k].name);
+            let first = self.conjuncts()[0].render(&names);
+            let more = if self.conjuncts().len() > 1 { " and ..." } else { "" };
+            return format!("{first}{more} ({} could not be read)", self.bindings[k].name);
         }
+        let vals: Vec<i64> = values.iter().map(|v| v.unwrap_or(0)).collect();
+        // The first conjunct that fails, with the values of its own symbols.
+        let failing = self
+            .conjuncts()
+            .into_iter()
+            .find(|e| !e.holds(&vals))
+            .unwrap_or(&self.expr);
+        let text = failing.render(&names);
+        let used = failing.symbols();
         let got: Vec<String> = used
             .iter()
             .filter_map(|&k| Some((self.bindings.get(k)?, values.get(k)?.as_ref()?)))

@@ -238,7 +238,13 @@ impl GuardTree {
     }
 
     fn leaves(&self) -> Vec<String> {
-        self.leaves.iter().map(|l| l.expr.clone()).collect()
+        self.leaves
+            .iter()
+            .flat_map(|l| match &l.kind {
+                LeafKind::Shape(s) => s.texts(),
+                _ => vec![l.expr.clone()],
+            })
+            .collect()
     }
 
     fn __len__(&self) -> usize {
