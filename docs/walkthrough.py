@@ -278,6 +278,8 @@ assert _C.get_eval_frame() is None  # the callback is installed only during a co
 # A call whose inputs fail every entry's guards is a miss: the frame is traced again and a second
 # entry joins the cache (most recently hit first). Past `ferrodyn.config.cache_size_limit`
 # entries, the frame just runs eagerly. `ferrodyn.explain` reports graphs, guards and why.
+# A recompile caused by a changed size also makes that dim symbolic for this code object
+# (automatic dynamic, as torch.compile): the second entry serves every row count >= 2.
 
 section("7. recompiles")
 x5 = torch.randn(5, 4)
@@ -292,8 +294,9 @@ compiled(x5, w, bias=False)  # a different bool: a third graph, without the `+ 1
 assert len(backend.graphs) == 3
 assert len([n for n in backend.graphs[2].graph.nodes if n.op == "call_function"]) == \
     len([n for n in backend.graphs[1].graph.nodes if n.op == "call_function"]) - 1
-compiled(x, w)  # the first entry still serves the first inputs
-assert len(backend.graphs) == 3 and _C.cache_entries(layer.__code__)[0].hits == 3
+compiled(x, w)  # 3 rows: served by the symbolic entry, no new graph
+assert len(backend.graphs) == 3
+assert "2 <= L['x'].size()[0]" in _C.cache_entries(layer.__code__)[0].guards.leaves()
 
 report = ferrodyn.explain(layer)(x, w)
 say(*str(report).splitlines()[:4])

@@ -223,7 +223,7 @@ def test_module_training_mode_change_recompiles(compile_counted):
 # ---- the cache limit ----------------------------------------------------------------------------
 
 def test_past_the_cache_limit_frames_run_eagerly(compile_counted):
-    c = compile_counted(affine)
+    c = compile_counted(affine, dynamic=False)  # every size a new entry
     with config.patch(cache_size_limit=2), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(1, 6):

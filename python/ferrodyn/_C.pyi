@@ -252,6 +252,19 @@ class GuardBuilder:
         """`node` is a tensor like `example`: the same exact Python type, dtype, device,
         requires_grad, ndim, dispatch key set, and sizes and strides at every dimension not in
         `dynamic_dims`."""
+    def shape_guard(
+        self,
+        expr: str,
+        symbols: Sequence[tuple[GuardNode, str, int]],
+    ) -> None:
+        """A symbolic-shape guard evaluated natively: `expr` in prefix form (integer literals,
+        `true`/`false`, symbol `s<k>` = `symbols[k]`, n-ary `add:<n>` `mul:<n>` `min:<n>`
+        `max:<n>` `and:<n>` `or:<n>`, binary `floordiv` `mod` `pow` `eq` `ne` `lt` `le` `gt`
+        `ge`, unary `not` `neg`; Python's floor semantics). Each symbol is `(node, kind, dim)`
+        with kind "size"/"stride" (of the tensor at `node`, at `dim`), "storage_offset" or
+        "int" (an exact Python int; `dim` ignored). Overflow and division by zero fail the
+        guard. Explained in source terms: `2 <= L['x'].size()[0] (got 1)`. ValueError for a
+        malformed expression or an unbound symbol."""
     def global_state(self) -> None:
         """Torch's global state as it is now: grad mode, default dtype, deterministic
         algorithms, autocast (enabled and dtype, per device type)."""

@@ -23,6 +23,9 @@ _PUBLIC = {
     "BackendCompilerFailed": "ferrodyn.exc",
     "graph_break": "ferrodyn.exc",
     "make_fx": "ferrodyn.proxy_dispatch",
+    "mark_dynamic": "ferrodyn.dynamic",
+    "maybe_mark_dynamic": "ferrodyn.dynamic",
+    "mark_static": "ferrodyn.dynamic",
 }
 _SUBMODULES = ("config", "weak")
 

@@ -44,9 +44,11 @@ def compile(model_or_fn: Callable[..., Any] | None = None, *, backend: str | Cal
     `ferrodyn.compile(fn)`, `@ferrodyn.compile` and `@ferrodyn.compile(backend=...)` all work.
     An `nn.Module` gives an `OptimizedModule`; functions, methods and bound methods give a
     wrapper of the same signature. `fullgraph=True` raises `ferrodyn.Unsupported` for code that
-    cannot be captured whole (otherwise such frames run eagerly). `dynamic=True` is accepted,
-    but shapes are specialised (dynamic shapes are not implemented yet). `options`/`mode`:
-    Inductor options, as for torch.compile.
+    cannot be captured whole (otherwise such frames run eagerly). `dynamic`: None (automatic
+    dynamic: a recompile caused by a changed size or int makes it symbolic), True (symbolic
+    from the first compile), False (always specialised); `torch._dynamo.mark_dynamic` and
+    `ferrodyn.mark_dynamic` & co. are honoured. `options`/`mode`: Inductor options, as for
+    torch.compile.
     """
     _check_args(backend, fullgraph, dynamic, mode, options)
     if model_or_fn is None:
@@ -54,9 +56,6 @@ def compile(model_or_fn: Callable[..., Any] | None = None, *, backend: str | Cal
                                  options=options, mode=mode, disable=disable)
     if not callable(model_or_fn):
         raise TypeError(f"ferrodyn.compile expects a callable or an nn.Module, got {type(model_or_fn).__name__}")
-    if dynamic:
-        warnings.warn("ferrodyn.compile(dynamic=True): dynamic shapes are not implemented yet; "
-                      "shapes are specialised and changes recompile", stacklevel=2)
     compiler = bind_backend(backend, mode=mode, options=options, dynamic=dynamic)
     if disable:
         return model_or_fn

@@ -32,6 +32,7 @@ from ferrodyn.bytecode import CodeBuilder, ExnHandler, Inst, Positions, assemble
 from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, CodegenEnv, DictOfSource,
                              GlobalSource, ItemSource, LenSource, LocalSource, Source,
                              TypeSource)
+from ferrodyn.symbolic_shapes import TensorPropertySource
 from ferrodyn.trace_result import (Out, OutCall, OutCell, OutConst, OutDict, OutGraph, OutList,
                                    OutShared, OutSource, OutTuple, TraceResult)
 
@@ -251,6 +252,19 @@ def _load_closure(e: EntryEmitter, s: ClosureSource) -> None:
     e.emit(e.b.load_fast(e.cell_names[s.index]), e.b.load_attr("cell_contents"))
 
 
+def tensor_property(t: Any, prop: str, idx: int) -> Any:
+    """`t.size(idx)` / `t.stride(idx)`: a symbolic dim handed to the graph as an input."""
+    return getattr(t, prop)(idx)
+
+
+def _load_tensor_property(e: EntryEmitter, s: TensorPropertySource) -> None:
+    e.load_callable(tensor_property)
+    e.load_source(s.base)
+    e.load_value(s.prop)
+    e.load_value(s.idx)
+    e.call(3)
+
+
 SOURCE_LOADERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     LocalSource: lambda e, s: e.emit(e.b.load_fast(e.local_names[s.index])),
     GlobalSource: _load_dict_item(_G, "global_name"),
@@ -261,6 +275,7 @@ SOURCE_LOADERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     ItemSource: _load_item,
     TypeSource: _call_on_base(type),
     LenSource: _call_on_base(len),
+    TensorPropertySource: _load_tensor_property,
 }
 
 

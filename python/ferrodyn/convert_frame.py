@@ -31,10 +31,10 @@ from typing import Any, Callable
 
 import torch
 
-from ferrodyn import _C, codegen, config
+from ferrodyn import _C, codegen, config, dynamic, symbolic_shapes
 from ferrodyn.exc import BackendCompilerFailed, BreakReason, Unsupported
 from ferrodyn.guard_spec import GuardKind, GuardSpec
-from ferrodyn.guards import GuardCompileError, compile_guards
+from ferrodyn.guards import GuardCompileError, compile_guards, has_accessor
 from ferrodyn.logs import eager_log, graph_log, guards_log, recompiles_log
 from ferrodyn.source import LocalSource
 from ferrodyn.trace_result import Out, OutCall, OutDict, OutGraph, OutList, OutShared, OutTuple, TraceResult
@@ -124,6 +124,7 @@ recorders: list[Any] = []
 
 def reset_state() -> None:
     global _frame_counter
+    dynamic.reset_state()
     _eager_trees.clear()
     _frame_ids.clear()
     _frame_counter = itertools.count()
@@ -284,7 +285,7 @@ def _exported_inputs(result: TraceResult) -> list:
     plain argument slots (reading those costs the entry nothing)."""
     out, seen = [], set()
     for src in result.graph_inputs:
-        if not isinstance(src, LocalSource) and src not in seen:
+        if not isinstance(src, LocalSource) and src not in seen and has_accessor(src):
             seen.add(src)
             out.append(src)
     return out
@@ -338,8 +339,7 @@ class FrameCallback:
             return None
         tracer = self.tracer or _default_tracer()
         try:
-            result = tracer(code, frame.f_globals, frame.f_builtins, frame.args, frame.closure,
-                            fullgraph=self.fullgraph)
+            result, policy = self._trace(tracer, code, frame)
         except Unsupported as e:
             if self.fullgraph:
                 raise
@@ -350,7 +350,29 @@ class FrameCallback:
             log.warning("ferrodyn: internal error while tracing %s, running it eagerly: %s: %s",
                         _where(code), type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
             return self._run_eager(code, frame, e)
-        return self.compile_result(code, frame, result, n_entries=len(entries), reasons=reasons)
+        entry = self.compile_result(code, frame, result, n_entries=len(entries), reasons=reasons)
+        if entry is not None:
+            policy.commit()  # automatic dynamic: what this compile saw, for the next one
+        return entry
+
+    def _trace(self, tracer, code, frame):
+        """Trace under the dynamic policy; when symbolic sizes or ints meet something the
+        converter cannot express symbolically, trace once more with them specialised."""
+        def run(mode):
+            with dynamic.policy_for(code, mode) as policy:
+                return tracer(code, frame.f_globals, frame.f_builtins, frame.args, frame.closure,
+                              fullgraph=self.fullgraph), policy
+
+        with dynamic.policy_for(code, self.dynamic) as policy:
+            try:
+                return tracer(code, frame.f_globals, frame.f_builtins, frame.args, frame.closure,
+                              fullgraph=self.fullgraph), policy
+            except Unsupported as e:
+                if not policy.symbolic:
+                    raise
+                dynamic.dynamic_log.debug("%s: %s with symbolic sizes; specialising them",
+                                          _where(code), e)
+        return run(False)
 
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph
@@ -363,13 +385,15 @@ class FrameCallback:
             else:
                 graph_fn = gm.forward  # nothing to compile: torch.compile skips the backend too
             fence = not (_is_fx_forward(graph_fn, gm) and graph_is_closed(gm))
-        specs = [*result.guards, GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
         # Graph inputs reached through attribute/item chains (a module's parameters) are read
         # once, by the guard tree, and handed to the entry instead of read again there.
         exported = _exported_inputs(result) if graph_fn is not None else []
         try:
+            # after the backend: it may add shape guards (mark_dynamic violations raise here)
+            shape_specs = symbolic_shapes.shape_guard_specs(gm)
+            specs = [*result.guards, *shape_specs, GuardSpec.make(None, GuardKind.GLOBAL_STATE)]
             tree = compile_guards(specs, frame.f_globals, frame.f_builtins, exports=exported)
-        except GuardCompileError as e:
+        except (GuardCompileError, symbolic_shapes.ShapeGuardUnsupported) as e:
             err = Unsupported(f"cannot guard on this value: {e}", BreakReason.UNSUPPORTED_TYPE,
                               filename=code.co_filename, lineno=code.co_firstlineno)
             if self.fullgraph:
@@ -395,7 +419,8 @@ class FrameCallback:
 
     def call_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         try:
-            compiled = self.backend(gm, list(example_inputs))
+            with symbolic_shapes.backend_context(gm):
+                compiled = self.backend(gm, list(example_inputs))
         except Exception as e:
             raise BackendCompilerFailed(self.backend, e) from e
         if not callable(compiled):

@@ -28,6 +28,7 @@ class GuardKind(enum.Enum):
     GLOBAL_STATE = "global_state" # source: None, payload: None
     ALIASING = "aliasing"         # source: None, payload: (sources, identity groups,
                                   #   storage groups: (group, offset) per tensor, None otherwise)
+    SHAPE = "shape_guard"         # source: None, payload: (prefix tokens, ((Source, kind, dim), ...))
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,15 @@ class GuardSpec:
              dynamic_dims: tuple[int, ...] = ()) -> "GuardSpec":
         if kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH):
             key = id(payload)
-        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.ALIASING):
+        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.ALIASING,
+                      GuardKind.SHAPE):
             key = (type(payload), payload)
         else:
             key = None
         return GuardSpec(source, kind, payload, key, tuple(dynamic_dims))
 
     def describe(self) -> str:
+        if self.kind is GuardKind.SHAPE:
+            return f"SHAPE({self.payload[0]} over {', '.join(s.name() for s, _, _ in self.payload[1])})"
         src = self.source.name() if self.source is not None else "<global state>"
         return f"{self.kind.name}({src})"

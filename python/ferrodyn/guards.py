@@ -55,6 +55,14 @@ _LEAVES: dict[GuardKind, Callable[[Any, Any, GuardSpec], None]] = {
 }
 
 
+def has_accessor(source: Source) -> bool:
+    """Whether a guard tree can read `source` (so it can also hand its value over: exports)."""
+    if _accessor_for(type(source)) is None:
+        return False
+    base = getattr(source, "base", None)
+    return base is None or has_accessor(base)
+
+
 def _accessor_for(cls: type):
     for klass in cls.__mro__:
         if klass in _ACCESSORS:
@@ -100,6 +108,10 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
         if spec.kind is GuardKind.ALIASING:
             sources, groups, storages = spec.payload
             builder.aliasing([node_of(s) for s in sources], list(groups), list(storages))
+            continue
+        if spec.kind is GuardKind.SHAPE:  # symbols bound to several sources
+            tokens, bindings = spec.payload
+            builder.shape_guard(tokens, [(node_of(src), kind, dim) for src, kind, dim in bindings])
             continue
         leaf = _LEAVES.get(spec.kind)
         if leaf is None:

@@ -7,6 +7,7 @@ Owns the ferrodyn loggers and the `FERRODYN_LOGS` switch. Channels (each a child
     guards      the guard expressions installed for each compiled frame
     recompiles  why a frame was compiled again: the first failing guard of each cached entry
     eager       why a frame runs eagerly (the Unsupported message)
+    dynamic     automatic dynamic: which source and dim became symbolic, and why
 
 `FERRODYN_LOGS=graph,guards,recompiles` (or `all`) at import, or `set_logs("graph,eager")` later,
 sets those channels to DEBUG and attaches one stderr handler to "ferrodyn". Records are emitted
@@ -19,13 +20,14 @@ import logging
 import os
 from typing import Iterable
 
-CHANNELS = ("graph", "guards", "recompiles", "eager")
+CHANNELS = ("graph", "guards", "recompiles", "eager", "dynamic")
 
 root = logging.getLogger("ferrodyn")
 graph_log = logging.getLogger("ferrodyn.graph")
 guards_log = logging.getLogger("ferrodyn.guards")
 recompiles_log = logging.getLogger("ferrodyn.recompiles")
 eager_log = logging.getLogger("ferrodyn.eager")
+dynamic_log = logging.getLogger("ferrodyn.dynamic")
 
 _handler: logging.Handler | None = None
 

@@ -2,9 +2,12 @@
 
 Owns: the `torch.fx.Graph` under construction, its placeholders (one per input Source, lifted
 parameters and buffers included, so cached graphs do not pin modules), example values through a
-`FakeTensorMode` made from the real inputs, the guards installed while tracing (deduplicated, in
-order), the per-Source tracker cache, the SideEffects table (side_effects.py: identity of
-mutable objects, mutations to replay; its aliasing guard is installed here), real global state entered while tracing (grad mode,
+`FakeTensorMode` made from the real inputs (with a ShapeEnv: dims the dynamic policy picks become
+SymInts, their symbols lifted as SymInt placeholders before the tensor, as torch.compile
+does; the capture's `ShapeRecord` rides on the GraphModule's meta), the guards installed while
+tracing (deduplicated, in order), the per-Source tracker cache, the SideEffects table
+(side_effects.py: identity of mutable objects, mutations to replay; its aliasing guard is
+installed here), real global state entered while tracing (grad mode,
 autocast) and its restoration, and turning the frame's return tracker into a `TraceResult`.
 Does not own: how trackers are built (variables/builder.py), which guards a value needs
 (builder.py decides on use), compiling the graph or the guards (frontend).
@@ -19,6 +22,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ferrodyn import dynamic, symbolic_shapes
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind, GuardSpec
 from ferrodyn.side_effects import SideEffects, unshare
@@ -34,7 +38,11 @@ class OutputGraph:
         self.f_globals = f_globals
         self.f_builtins = f_builtins
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode()
+        self.dynamism = dynamic.current()
+        self.fake_mode = FakeTensorMode(shape_env=symbolic_shapes.new_shape_env())
+        self.shape_record = symbolic_shapes.ShapeRecord(self.fake_mode)
+        self.bound_symbols: dict[Any, torch.fx.Node] = {}  # sympy Symbol -> its placeholder
+        self._dynamic_dims: dict[Source, tuple[int, ...]] = {}
         self.graph_inputs: list[Source] = []
         self.example_inputs: list[Any] = []
         self._placeholders: list[torch.fx.Node] = []
@@ -52,7 +60,8 @@ class OutputGraph:
 
     # -- guards ------------------------------------------------------------------------------
     def install_guard(self, source: Source | None, kind: GuardKind, payload: Any = None) -> None:
-        spec = GuardSpec.make(source, kind, payload)
+        dims = self._dynamic_dims.get(source, ()) if kind is GuardKind.TENSOR_MATCH else ()
+        spec = GuardSpec.make(source, kind, payload, dynamic_dims=dims)
         self.guards.setdefault(spec, spec)
 
     # -- real state entered while tracing -------------------------------------------------
@@ -78,6 +87,36 @@ class OutputGraph:
 
     def add_graph_input(self, source: Source, value: torch.Tensor) -> tuple[torch.fx.Node, Any]:
         """A placeholder for a tensor read from `source`; returns (node, fake example)."""
+        dyn, strict, duck = self.dynamism.dims_for(source, value)
+        try:
+            fake, ctx = symbolic_shapes.fake_input(self.fake_mode, value, source, dyn, strict,
+                                                   duck=duck)
+        except Exception as e:  # subclasses and exotic tensors
+            unsupported(f"tensor input {source.name()} of type {type(value).__name__}: {e}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        if ctx is not None and symbolic_shapes.is_symbolic(fake):
+            self._dynamic_dims[source] = symbolic_shapes.symbolic_dims(fake)
+            self.shape_record.inputs.append((fake, source, ctx))
+            self.shape_record.contexts.append((value, ctx))
+            for i, s in enumerate(fake.shape):  # lift each new size symbol before the tensor
+                expr = s.node.expr if symbolic_shapes.is_symbolic(s) else None
+                if expr is not None and expr.is_Symbol and expr not in self.bound_symbols:
+                    self.bound_symbols[expr] = self._placeholder(
+                        symbolic_shapes.TensorPropertySource(source, "size", i), s, s)
+        return self._placeholder(source, fake, value), fake
+
+    def add_symint_input(self, source: Source, value: int) -> tuple[torch.fx.Node | None, Any]:
+        """A SymInt placeholder for the Python int at `source`; (None, value) when torch
+        specialises it (0 and 1)."""
+        sym = symbolic_shapes.symint_input(self.fake_mode.shape_env, value, source)
+        if not symbolic_shapes.is_symbolic(sym):
+            return None, value
+        node = self._placeholder(source, sym, sym)
+        self.bound_symbols.setdefault(sym.node.expr, node)
+        self.shape_record.inputs.append((sym, source, None))
+        return node, sym
+
+    def _placeholder(self, source: Source, fake: Any, example_input: Any) -> torch.fx.Node:
         if self._placeholders:
             ctx = self.graph.inserting_after(self._placeholders[-1])
         elif len(self.graph.nodes):
@@ -86,23 +125,22 @@ class OutputGraph:
             ctx = contextlib.nullcontext()
         with ctx:
             node = self.graph.placeholder(self._placeholder_name(source))
-        try:
-            fake = self.fake_mode.from_tensor(value, static_shapes=True)
-        except Exception as e:  # subclasses and exotic tensors
-            unsupported(f"tensor input {source.name()} of type {type(value).__name__}: {e}",
-                        BreakReason.UNSUPPORTED_TYPE)
         node.meta["example_value"] = fake
         node.meta["source"] = source
         self._placeholders.append(node)
         self.graph_inputs.append(source)
-        self.example_inputs.append(value)
-        return node, fake
+        self.example_inputs.append(example_input)
+        return node
 
     # -- ops ------------------------------------------------------------------------------
     def create_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> torch.fx.Node:
         return self.graph.create_node(op, target, tuple(args), dict(kwargs))
 
     def run_fake(self, fn: Callable[[], Any]) -> Any:
+        if self.shape_record.inputs:  # symbolic sizes: meta kernels need the Python dispatcher
+            from torch._dispatch.python import enable_python_dispatcher
+            with self.fake_mode, enable_python_dispatcher():
+                return fn()
         with self.fake_mode:
             return fn()
 
@@ -130,6 +168,7 @@ class OutputGraph:
             self.side_effects.tensor_sensitive = True
         self._install_aliasing_guard()
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        gm.meta[symbolic_shapes.META_KEY] = self.shape_record
         return TraceResult(graph=gm, graph_inputs=list(self.graph_inputs),
                            example_inputs=list(self.example_inputs), output=out,
                            guards=list(self.guards.values()), notes=list(self.notes),

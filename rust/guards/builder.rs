@@ -11,6 +11,8 @@ use super::access::{quote, Access, AccessKey, DictHint};
 use super::consts::Const;
 use super::global_state::Snapshot;
 use super::leaves::{describe_obj, IdRef, Leaf, LeafKind};
+use super::shape_leaf::{Binding, ShapeLeaf, SymRead};
+use super::symexpr::Expr;
 use super::tree::{GuardTree, Node};
 use crate::error::{Error, Result};
 use crate::tensor::TensorSpec;
@@ -309,6 +311,67 @@ impl GuardBuilder {
         let spec = TensorSpec::new(example, &dynamic_dims, check_strides)?;
         let expr = spec.describe(&node.source);
         self.leaf(Some(&node), LeafKind::Tensor(spec), expr)
+    }
+
+    /// A symbolic-shape guard: `expr` in the prefix form of `symexpr` (symbol `s<k>` is
+    /// `symbols[k]`), each symbol a `(node, kind, dim)` with kind "size", "stride",
+    /// "storage_offset" (tensor nodes) or "int" (an exact Python int node).
+    fn shape_guard(
+        &mut self,
+        expr: &str,
+        symbols: Vec<(PyRef<'_, GuardNode>, String, i64)>,
+    ) -> Result<()> {
+        let parsed = Expr::parse(expr)
+            .map_err(|e| Error::Value(format!("shape_guard({expr:?}): {e}")))?;
+        if let Some(&k) = parsed.symbols().iter().next_back() {
+            if k >= symbols.len() {
+                return Err(Error::Value(format!(
+                    "shape_guard({expr:?}): symbol s{k} has no binding ({} given)",
+                    symbols.len()
+                )));
+            }
+        }
+        let mut bindings = Vec::with_capacity(symbols.len());
+        for (node, kind, dim) in &symbols {
+            let read = match kind.as_str() {
+                "size" => SymRead::Size(*dim),
+                "stride" => SymRead::Stride(*dim),
+                "storage_offset" => SymRead::StorageOffset,
+                "int" => SymRead::Int,
+                other => {
+                    return Err(Error::Value(format!(
+                        "shape_guard: unknown symbol kind {other:?} (size, stride, \
+                         storage_offset or int)"
+                    )))
+                }
+            };
+            bindings.push(Binding {
+                node: self.own(node)?,
+                read,
+                name: read.name(&node.source),
+            });
+        }
+        let leaf = ShapeLeaf {
+            expr: parsed,
+            bindings,
+        };
+        let text = leaf.text();
+        let depth = leaf
+            .bindings
+            .iter()
+            .map(|b| self.depth[b.node])
+            .max()
+            .unwrap_or(0);
+        self.live()?;
+        let order = (4, depth, self.leaves.len());
+        self.leaves.push(Leaf {
+            node: None,
+            kind: LeafKind::Shape(Box::new(leaf)),
+            expr: text,
+            source: String::new(),
+            order,
+        });
+        Ok(())
     }
 
     fn global_state(&mut self, py: Python<'_>) -> Result<()> {

@@ -6,6 +6,7 @@ use pyo3::types::{PyDict, PyWeakrefReference};
 
 use super::consts::{is_showable, Const};
 use super::global_state::Snapshot;
+use super::shape_leaf::ShapeLeaf;
 use crate::tensor::TensorSpec;
 
 /// An object held for identity comparison: weakly where it can be (the guard fails once it
@@ -70,6 +71,8 @@ pub(crate) enum LeafKind {
     GlobalState(Box<Snapshot>),
     /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
     Aliasing(Box<super::aliasing::AliasSpec>),
+    /// A symbolic-shape expression over several nodes (the tree evaluates it: `node` is None).
+    Shape(Box<ShapeLeaf>),
 }
 
 impl LeafKind {
@@ -81,6 +84,7 @@ impl LeafKind {
             LeafKind::GlobalState(_) => 2,
             LeafKind::Tensor(_) => 3,
             LeafKind::Aliasing(_) => 4,
+            LeafKind::Shape(_) => 4,
         }
     }
 }
@@ -102,6 +106,7 @@ impl Leaf {
     pub(crate) fn check(&self, py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> bool {
         match &self.kind {
             LeafKind::GlobalState(s) => s.check(py),
+            LeafKind::Shape(_) => false, // evaluated by the tree (GuardTree::check_shape)
             kind => match v {
                 None => false,
                 Some(v) => check_value(kind, py, v),
@@ -157,6 +162,7 @@ impl Leaf {
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
             LeafKind::Aliasing(_) => self.expr.clone(), // explained by the tree (several values)
+            LeafKind::Shape(_) => self.expr.clone(), // explained by the tree (it reads the symbols)
         }
     }
 }
@@ -188,6 +194,7 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
         LeafKind::Aliasing(_) => false, // checked by the tree over its several values
+        LeafKind::Shape(_) => false, // evaluated by the tree, never on one value
     }
 }
 

@@ -5,7 +5,8 @@
 //! `equals`), `leaves` (the checks and their explanations), `tree` (the immutable tree and its
 //! evaluation), `builder` (the Python-facing builder and node handles), `global_state` (torch's
 //! grad mode / default dtype / determinism / autocast snapshot), `aliasing` (identity and
-//! storage relations between several values). Tensor metadata reads live in
+//! storage relations between several values), `symexpr` (the symbolic-shape expression IR,
+//! pyo3-free) and `shape_leaf` (the leaf that evaluates one over frame values). Tensor metadata reads live in
 //! `crate::tensor`. No leaf ever calls back into user Python code on purpose; errors raised by
 //! user code during accessors (a property raising) count as guard failure.
 use pyo3::prelude::*;
@@ -19,6 +20,8 @@ mod builder;
 mod consts;
 pub mod global_state;
 mod leaves;
+mod shape_leaf;
+pub mod symexpr;
 mod tree;
 
 pub use builder::{GuardBuilder, GuardNode};

@@ -6,6 +6,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::access::{Access, Defaults};
 use super::leaves::{Leaf, LeafKind};
+use super::shape_leaf::ShapeLeaf;
 use super::{GuardInput, Locals};
 use crate::ffi::slots::Slots;
 
@@ -178,6 +179,7 @@ impl GuardTree {
                     let vals = self.values_of(py, input, &defaults, memo, &a.nodes);
                     a.check(py, &vals)
                 }
+                (None, LeafKind::Shape(s)) => self.check_shape(py, input, &defaults, memo, s),
                 (None, _) => leaf.check(py, None),
                 (Some(n), _) if slots.is_some() && self.slot_of[n].is_some() => {
                     // An argument slot: borrowed from the frame for the whole check.
@@ -203,6 +205,22 @@ impl GuardTree {
             }
         }
         None
+    }
+
+    /// A symbolic-shape leaf: read each bound symbol from its node, evaluate natively.
+    #[inline]
+    fn check_shape<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        defaults: &Defaults<'_, 'py>,
+        memo: &mut [Val<'py>],
+        leaf: &ShapeLeaf,
+    ) -> bool {
+        leaf.check(|b| {
+            self.ensure(py, input, defaults, memo, b.node);
+            memo[b.node].as_ref()?.as_ref().and_then(|v| b.read.read(v))
+        })
     }
 
     /// Compute node `n`'s value (and its ancestors') into the memo if not there yet.
@@ -265,6 +283,14 @@ impl GuardTree {
             (None, LeafKind::Aliasing(a)) => {
                 let vals: Vec<_> = a.nodes.iter().map(|&n| memo[n].clone().flatten()).collect();
                 a.explain(py, &vals)
+            }
+            (None, LeafKind::Shape(s)) => {
+                let values: Vec<Option<i64>> = s
+                    .bindings
+                    .iter()
+                    .map(|b| memo[b.node].clone().flatten().and_then(|v| b.read.read(&v)))
+                    .collect();
+                s.explain(&values)
             }
             (None, _) => leaf.explain(py, &py.None().into_bound(py)),
             (Some(n), _) => match memo[n].clone().flatten() {
@@ -359,7 +385,13 @@ impl GuardTree {
     }
 
     fn leaves(&self) -> Vec<String> {
-        self.leaves.iter().map(|l| l.expr.clone()).collect()
+        self.leaves
+            .iter()
+            .flat_map(|l| match &l.kind {
+                LeafKind::Shape(s) => s.texts(),
+                _ => vec![l.expr.clone()],
+            })
+            .collect()
     }
 
     fn __len__(&self) -> usize {

@@ -178,7 +178,11 @@ class _Trace:
         shape_env = mode.shape_env
         out = []
         for i, x in enumerate(flat):
-            if isinstance(x, Tensor):
+            if isinstance(x, Tensor) and self.tracing_mode == "symbolic" and \
+                    not isinstance(x, torch._subclasses.FakeTensor):
+                from ferrodyn.symbolic_shapes import fake_input  # shared with compile(dynamic=True)
+                x, _ = fake_input(mode, x, ConstantSource(f"input{i}"), range(x.dim()), duck=True)
+            elif isinstance(x, Tensor):
                 x = mode.from_tensor(x, source=ConstantSource(f"input{i}"))
             elif type(x) is int and self.tracing_mode == "symbolic":
                 source = ConstantSource(f"input{i}")

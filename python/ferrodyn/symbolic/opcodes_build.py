@@ -39,7 +39,9 @@ def BUILD_CONST_KEY_MAP(tx, inst):
 def BUILD_SLICE(tx, inst):
     parts = [tx.realize(p) for p in tx.popn(inst.arg)]
     if not all(p.is_python_constant() for p in parts):
-        unsupported("slice with non-constant bounds", BreakReason.DATA_DEPENDENT)
+        from ferrodyn.variables.sym_int import symbolic_slice
+        tx.push(symbolic_slice(parts))
+        return
     tx.push(ConstantVariable(value=slice(*(p.as_python_constant() for p in parts))))
 
 

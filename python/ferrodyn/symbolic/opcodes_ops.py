@@ -89,7 +89,8 @@ def BINARY_SUBSCR(tx, inst):
 def _slice_of(tx, start, stop):
     parts = [tx.realize(start), tx.realize(stop)]
     if not all(p.is_python_constant() for p in parts):
-        unsupported("slice with non-constant bounds", BreakReason.DATA_DEPENDENT)
+        from ferrodyn.variables.sym_int import symbolic_slice
+        return symbolic_slice(parts)
     return ConstantVariable(value=slice(*(p.as_python_constant() for p in parts)))
 
 

@@ -102,6 +102,11 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if value is None:
         _guard(tx, source, GuardKind.NONE)
         return ConstantVariable(source=source, value=None)
+    if t is int:  # a dynamic int (dynamic.py decides) is a SymInt graph input
+        from ferrodyn.variables.sym_int import maybe_symint_input
+        var = maybe_symint_input(tx, value, source)
+        if var is not None:
+            return var
     if t in _SCALARS:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)

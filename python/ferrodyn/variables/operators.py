@@ -62,6 +62,12 @@ def _is_tensor(v) -> bool:
     return isinstance(v, TensorVariable)
 
 
+def _is_graph_value(v) -> bool:
+    """A tensor or a symbolic int: operators on it are recorded in the graph."""
+    from ferrodyn.variables.sym_int import SymIntVariable
+    return _is_tensor(v) or isinstance(v, SymIntVariable)
+
+
 def _const(v: VariableTracker) -> Any:
     return v.as_python_constant()
 
@@ -83,7 +89,7 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
         fn = _inplace_fallback(tx, fn, a, b)
         if isinstance(fn, VariableTracker):
             return fn
-    if _is_tensor(a) or _is_tensor(b):
+    if _is_graph_value(a) or _is_graph_value(b):  # a tensor or a SymInt: a graph op
         return record_op(tx, "call_function", fn, [a, b], {})
     if a.is_python_constant() and b.is_python_constant() and \
             isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
@@ -185,7 +191,7 @@ def _inplace_fallback(tx, fn: Callable, a: VariableTracker, b: VariableTracker):
 def compare_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.tensor import record_op
     a, b = tx.realize(a), tx.realize(b)
-    if _is_tensor(a) or _is_tensor(b):
+    if _is_graph_value(a) or _is_graph_value(b):
         return record_op(tx, "call_function", fn, [a, b], {})
     rich = rich_compare(tx, fn, a, b)
     if rich is not None:
@@ -292,6 +298,12 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
         return dict_view_equal(tx, a, b)
     if _is_tensor(a) or _is_tensor(b):
         unsupported("== between a tensor and a value as a Python bool", BreakReason.DATA_DEPENDENT)
+    if _is_graph_value(a) or _is_graph_value(b):  # a SymInt: decided with a ShapeEnv guard
+        try:
+            ea, eb = (v.example if _is_graph_value(v) else v.as_python_constant() for v in (a, b))
+        except NotConstant:
+            return False  # an int is never equal to a list, object...
+        return bool(ea == eb)
     rich = rich_compare(tx, operator.eq, a, b)
     if rich is not None:
         return tx.realize(rich).truth(tx)
@@ -392,7 +404,7 @@ def is_same(tx, a: VariableTracker, b: VariableTracker) -> bool:
 def unary_op(tx, fn: Callable, a: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.tensor import record_op
     a = tx.realize(a)
-    if _is_tensor(a):
+    if _is_graph_value(a):
         return record_op(tx, "call_function", fn, [a], {})
     if a.is_python_constant():
         return wrap_constant(fold(fn, _const(a)))

@@ -83,8 +83,13 @@ class TensorVariable(VariableTracker):
         if name == "__class__":
             from ferrodyn.variables.builder import build_unsourced
             return build_unsourced(self.cls)
+        if name in _SHAPE_ATTRS:
+            return _SHAPE_ATTRS[name](tx, self)
         if name in CONST_ATTRS:
-            return ConstantVariable(value=getattr(self.example, name))
+            value = getattr(self.example, name)
+            if isinstance(value, torch.SymInt):  # nbytes & co. of a dynamic tensor
+                return record_op(tx, "call_function", getattr, [self, ConstantVariable(value=name)], {})
+            return ConstantVariable(value=value)
         if name in GRAPH_ATTRS:
             return record_op(tx, "call_function", getattr, [self, ConstantVariable(value=name)], {})
         if name in REFUSED_ATTRS:
@@ -159,7 +164,35 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
         return wrap_constant(fold(getattr(const, name)))
     if name in REFUSED_METHODS:
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
+    if name in _SHAPE_METHODS:
+        return _SHAPE_METHODS[name](tx, tensor, args, kwargs)
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
+
+
+def _size_method(tx, tensor, args, kwargs):
+    """`x.size()` / `x.size(d)`: constants when static, SymInt trackers when dynamic."""
+    from ferrodyn.variables.sym_int import size_item, size_of
+    if kwargs or len(args) > 1:
+        return record_op(tx, "call_method", "size", [tensor, *args], kwargs)
+    if not args:
+        return size_of(tx, tensor)
+    dim = tx.realize(args[0])
+    if not dim.is_python_constant() or type(dim.as_python_constant()) is not int:
+        return record_op(tx, "call_method", "size", [tensor, *args], kwargs)
+    d, n = dim.as_python_constant(), tensor.example.dim()
+    if not -n <= d < n:
+        unsupported(f"Tensor.size({d}) of a {n}-d tensor", BreakReason.EXCEPTION)
+    return size_item(tx, tensor, d % n)
+
+
+def _shape_attr(tx, tensor):
+    from ferrodyn.variables.sym_int import size_of
+    return size_of(tx, tensor)
+
+
+# Shape queries answered from the fake example (symbolic under dynamic shapes).
+_SHAPE_METHODS = {"size": _size_method}
+_SHAPE_ATTRS = {"shape": _shape_attr}
 
 
 # ---- recording ------------------------------------------------------------------------------
@@ -255,14 +288,18 @@ def _contains_tensor(value: Any) -> bool:
 
 
 def wrap_graph_value(tx, node: torch.fx.Node, example: Any, name: str = "op") -> VariableTracker:
+    if isinstance(example, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+        from ferrodyn.variables.sym_int import wrap_symint
+        return wrap_symint(tx, node, example)
     if isinstance(example, torch.Tensor):
         node.meta["example_value"] = example
         return TensorVariable(node=node, example=example, cls=torch.Tensor)
-    if isinstance(example, (tuple, list)) and _contains_tensor(example):
+    if isinstance(example, (tuple, list)) and (_contains_tensor(example) or any(
+            isinstance(v, (torch.SymInt, torch.SymBool)) for v in example)):
         node.meta["example_value"] = example
         items = []
         for i, v in enumerate(example):
-            if _contains_tensor(v):
+            if _contains_tensor(v) or isinstance(v, (torch.SymInt, torch.SymBool)):
                 item_node = tx.output.create_node("call_function", operator.getitem, (node, i), {})
                 items.append(wrap_graph_value(tx, item_node, v, name))
             elif is_constant_value(v):

@@ -1,0 +1,163 @@
+"""Symbolic integers (and the floats computed from them, `n ** 0.5`): a dynamic size (`x.shape[0]`, `x.size(1)`, `x.numel()`) or a Python int
+argument made dynamic, as an fx node plus its example `torch.SymInt`.
+
+Owns `SymIntVariable`, `SizeVariable` (a `torch.Size` with symbolic items), the size item of
+a tensor (`size_item`: the lifted placeholder of a bound symbol, else `x.size(i)` in the graph)
+and `maybe_symint_input` (a frame int -> SymInt graph input under the dynamic policy). Arithmetic
+on SymInts is recorded like tensor ops (operators.py -> `record_op`); comparisons and truth
+evaluate with a ShapeEnv guard, as torch does. A SymInt is never a Python constant: uses the
+converter cannot express symbolically give up (the frame runs eagerly) instead of
+specialising silently.
+Does not own which ints are dynamic (dynamic.py) or making the SymInts (symbolic_shapes.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ferrodyn import symbolic_shapes
+from ferrodyn.exc import BreakReason
+from ferrodyn.guard_spec import GuardKind
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.lists import TupleVariable
+
+
+@dataclass(frozen=True, eq=False)
+class SymIntVariable(VariableTracker):
+    node: torch.fx.Node = None  # type: ignore[assignment]
+    example: Any = None  # torch.SymInt (or torch.SymFloat)
+
+    def python_type(self) -> type:
+        return float if isinstance(self.example, torch.SymFloat) else int
+
+    def identity(self) -> Any:
+        return self.node
+
+    def describe(self) -> str:
+        return f"symbolic int {self.example}"
+
+    def fx_arg(self, tx):
+        return self.node, self.example
+
+    def truth(self, tx) -> bool:
+        return bool(self.example != 0)  # guards on the ShapeEnv
+
+    def reconstruct(self, tx):
+        return tx.graph_output(self.node)
+
+    def call_method(self, tx, name, args, kwargs):
+        from ferrodyn.variables.tensor import record_op
+        if name.startswith("__") and name.endswith("__"):
+            return record_op(tx, "call_method", name, [self, *args], kwargs)
+        unsupported(f"int.{name}() on a symbolic int", BreakReason.UNSUPPORTED_CALL)
+
+
+@dataclass(frozen=True, eq=False)
+class SizeVariable(TupleVariable):
+    """`x.shape` / `x.size()` with symbolic items; rebuilt as a torch.Size."""
+
+    def python_type(self):
+        return torch.Size
+
+    def describe(self):
+        return f"torch.Size of {len(self.items)}"
+
+    def getitem(self, tx, index):
+        got = super().getitem(tx, index)
+        return SizeVariable(items=got.items) if isinstance(got, TupleVariable) else got
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutCall, OutTuple
+        return OutCall(torch.Size, (OutTuple(tuple(tx.realize(i).reconstruct(tx)
+                                                   for i in self.items)),))
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "numel" and not args and not kwargs:
+            from ferrodyn.variables.operators import binary_op
+            import operator
+            acc: VariableTracker = ConstantVariable(value=1)
+            for item in self.items:
+                acc = binary_op(tx, operator.mul, acc, item)
+            return acc
+        return super().call_method(tx, name, args, kwargs)
+
+
+def wrap_symint(tx, node: torch.fx.Node, example: Any) -> VariableTracker:
+    """A graph value whose example is a SymInt or SymFloat (SymBool: evaluated with a
+    guard)."""
+    if isinstance(example, torch.SymBool):
+        if not node.users:
+            tx.output.graph.erase_node(node)
+        return ConstantVariable(value=bool(example))
+    const = example.node.maybe_as_float() if isinstance(example, torch.SymFloat) else \
+        example.node.maybe_as_int()
+    if const is not None:
+        if not node.users:
+            tx.output.graph.erase_node(node)
+        return ConstantVariable(value=const)
+    node.meta["example_value"] = example
+    return SymIntVariable(node=node, example=example)
+
+
+def size_item(tx, tensor, i: int) -> VariableTracker:
+    """Item `i` of a tensor tracker's size: a constant, or a SymInt read from the graph."""
+    s = tensor.example.shape[i]
+    if not symbolic_shapes.is_symbolic(s):
+        return ConstantVariable(value=int(s))
+    bound = tx.output.bound_symbols.get(s.node.expr)
+    if bound is not None:
+        return SymIntVariable(node=bound, example=s)
+    node = tx.output.create_node("call_method", "size", (tensor.node, i), {})
+    node.meta["example_value"] = s
+    return SymIntVariable(node=node, example=s)
+
+
+def size_of(tx, tensor) -> VariableTracker:
+    """`x.shape` / `x.size()`: a constant torch.Size when static."""
+    if not any(symbolic_shapes.is_symbolic(s) for s in tensor.example.shape):
+        return ConstantVariable(value=torch.Size(int(s) for s in tensor.example.shape))
+    return SizeVariable(items=tuple(size_item(tx, tensor, i)
+                                    for i in range(tensor.example.dim())))
+
+
+@dataclass(frozen=True, eq=False)
+class SliceVariable(VariableTracker):
+    """A slice with symbolic bounds (`x[: x.shape[0] // 2]`): usable as a graph-op argument."""
+
+    parts: tuple = ()
+
+    def python_type(self) -> type:
+        return slice
+
+    def describe(self) -> str:
+        return "slice with symbolic bounds"
+
+    def fx_arg(self, tx):
+        ps, es = zip(*(p.fx_arg(tx) for p in self.parts))
+        return slice(*ps), slice(*es)
+
+
+def symbolic_slice(parts) -> VariableTracker:
+    """BUILD_SLICE / BINARY_SLICE with a symbolic bound; other non-constant bounds give up."""
+    if not all(isinstance(p, (SymIntVariable, ConstantVariable)) for p in parts) or \
+            not all(isinstance(p, SymIntVariable) or type(p.value) in (int, type(None))
+                    for p in parts):
+        unsupported("slice with non-constant bounds", BreakReason.DATA_DEPENDENT)
+    return SliceVariable(parts=tuple(parts))
+
+
+def maybe_symint_input(tx, value: int, source) -> VariableTracker | None:
+    """A SymInt graph input for the frame int at `source` when the policy makes it dynamic
+    (None: specialise it as a constant; 0 and 1 always are)."""
+    out = tx.output
+    if not out.dynamism.int_is_dynamic(source, value):
+        return None
+    node, example = out.add_symint_input(source, value)
+    if node is None:
+        return None
+    out.install_guard(source, GuardKind.TYPE_MATCH, int)
+    return SymIntVariable(source=source, node=node, example=example)
