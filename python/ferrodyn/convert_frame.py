@@ -356,23 +356,37 @@ class FrameCallback:
         return entry
 
     def _trace(self, tracer, code, frame):
-        """Trace under the dynamic policy; when symbolic sizes or ints meet something the
-        converter cannot express symbolically, trace once more with them specialised."""
-        def run(mode):
+        """Trace under the dynamic policy. A graph break is the last resort: when symbolic sizes
+        or ints meet something the converter cannot express symbolically (`range(n)`, an
+        f-string), the frame is first traced whole with them specialised, as torch.compile
+        specialises such a symbol; only if that fails too is it traced with graph breaks
+        (symbolic, then specialised). With `fullgraph` there are no breaks to try."""
+        def attempt(mode, whole: bool):
             with dynamic.policy_for(code, mode) as policy:
-                return tracer(code, frame.f_globals, frame.f_builtins, frame.args, frame.closure,
-                              fullgraph=self.fullgraph), policy
+                try:
+                    return (tracer(code, frame.f_globals, frame.f_builtins, frame.args,
+                                   frame.closure, fullgraph=whole), policy), None, policy
+                except Unsupported as e:
+                    return None, e, policy
 
-        with dynamic.policy_for(code, self.dynamic) as policy:
-            try:
-                return tracer(code, frame.f_globals, frame.f_builtins, frame.args, frame.closure,
-                              fullgraph=self.fullgraph), policy
-            except Unsupported as e:
-                if not policy.symbolic:
-                    raise
+        plans = [(self.dynamic, True), (False, True)]
+        if not self.fullgraph:
+            plans += [(self.dynamic, False), (False, False)]
+        plans = list(dict.fromkeys(plans))  # dynamic=False: each plan once
+        skip: set = set()
+        err = None
+        for mode, whole in plans:
+            if (mode, whole) in skip:
+                continue
+            done, err, policy = attempt(mode, whole)
+            if done is not None:
+                return done
+            if mode is not False and not policy.symbolic:
+                skip.add((False, whole))  # nothing was symbolic: specialising changes nothing
+            elif mode is not False:
                 dynamic.dynamic_log.debug("%s: %s with symbolic sizes; specialising them",
-                                          _where(code), e)
-        return run(False)
+                                          _where(code), err)
+        raise err
 
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph

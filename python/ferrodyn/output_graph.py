@@ -181,7 +181,8 @@ class OutputGraph:
         if self.mutation_epoch == 0:
             return False
         inputs = {StorageWeakRef(n.meta["example_value"].untyped_storage())
-                  for n in self._placeholders}
+                  for n in self._placeholders
+                  if isinstance(n.meta.get("example_value"), torch.Tensor)}  # not SymInts
         for node in self.graph.nodes:
             if node.op not in ("call_function", "call_method") or not node.args:
                 continue
