@@ -356,37 +356,34 @@ class FrameCallback:
         return entry
 
     def _trace(self, tracer, code, frame):
-        """Trace under the dynamic policy. A graph break is the last resort: when symbolic sizes
-        or ints meet something the converter cannot express symbolically (`range(n)`, an
-        f-string), the frame is first traced whole with them specialised, as torch.compile
-        specialises such a symbol; only if that fails too is it traced with graph breaks
-        (symbolic, then specialised). With `fullgraph` there are no breaks to try."""
-        def attempt(mode, whole: bool):
+        """Trace under the dynamic policy. Symbolic sizes or ints that meet something the
+        converter cannot express symbolically (`range(n)`, an f-string) are specialised, as
+        torch.compile specialises such a symbol: a failed symbolic trace is traced once more
+        with them specialised, and a symbolic trace that needed a graph break is replaced by a
+        specialised one that captures the frame whole, if there is one."""
+        def attempt(mode, fullgraph: bool):
             with dynamic.policy_for(code, mode) as policy:
                 try:
-                    return (tracer(code, frame.f_globals, frame.f_builtins, frame.args,
-                                   frame.closure, fullgraph=whole), policy), None, policy
+                    result = tracer(code, frame.f_globals, frame.f_builtins, frame.args,
+                                    frame.closure, fullgraph=fullgraph)
+                    return (result, policy), None, policy
                 except Unsupported as e:
                     return None, e, policy
 
-        plans = [(self.dynamic, True), (False, True)]
-        if not self.fullgraph:
-            plans += [(self.dynamic, False), (False, False)]
-        plans = list(dict.fromkeys(plans))  # dynamic=False: each plan once
-        skip: set = set()
-        err = None
-        for mode, whole in plans:
-            if (mode, whole) in skip:
-                continue
-            done, err, policy = attempt(mode, whole)
-            if done is not None:
+        done, err, policy = attempt(self.dynamic, self.fullgraph)
+        if done is not None:
+            if getattr(done[0], "graph_break", None) is None or not policy.symbolic:
                 return done
-            if mode is not False and not policy.symbolic:
-                skip.add((False, whole))  # nothing was symbolic: specialising changes nothing
-            elif mode is not False:
-                dynamic.dynamic_log.debug("%s: %s with symbolic sizes; specialising them",
-                                          _where(code), err)
-        raise err
+            whole, _, _ = attempt(False, True)  # does specialising avoid the break?
+            return whole if whole is not None else done
+        if not policy.symbolic:
+            raise err
+        dynamic.dynamic_log.debug("%s: %s with symbolic sizes; specialising them",
+                                  _where(code), err)
+        done, err, _ = attempt(False, self.fullgraph)
+        if done is None:
+            raise err
+        return done
 
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph
