@@ -11,6 +11,7 @@ Does not own `**kwargs` binding (functions.py) or module `_modules` dicts' guard
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,16 @@ def dict_key(tx, key: VariableTracker) -> Any:
     except TypeError as e:
         unsupported(str(e), BreakReason.EXCEPTION)
     return value
+
+
+def raise_key_error(cls: type, key: Any):
+    """A missing key of a plain dict or OrderedDict: CPython raises `KeyError(key)`, which the
+    traced code may catch (a dict subclass could define `__missing__`: refused). The key's
+    absence is guarded by the dict's key-set guard."""
+    if cls not in (dict, OrderedDict):
+        unsupported(f"KeyError: {key!r} on a {cls.__name__}", BreakReason.EXCEPTION)
+    from ferrodyn.variables.exceptions import ExceptionVariable, TracedException
+    raise TracedException(ExceptionVariable(cls=KeyError, args=(ConstantVariable(value=key),)))
 
 
 @dataclass(eq=False)
@@ -101,7 +112,7 @@ class DictVariable(VariableTracker):
     def getitem(self, tx, index):
         key = dict_key(tx, index)
         if key not in self.state.items:
-            unsupported(f"KeyError: {key!r}", BreakReason.EXCEPTION)
+            raise_key_error(self.state.cls, key)
         return self.state.items[key]
 
     def setitem(self, tx, index, value):
@@ -110,10 +121,9 @@ class DictVariable(VariableTracker):
 
     def delitem(self, tx, index):
         key = dict_key(tx, index)
-        items = self.mutable()
-        if key not in items:
-            unsupported(f"KeyError: {key!r}", BreakReason.EXCEPTION)
-        del items[key]
+        if key not in self.state.items:
+            raise_key_error(self.state.cls, key)
+        del self.mutable()[key]
 
     def as_python_constant(self):
         from ferrodyn.variables.base import NotConstant, LazyVariable
@@ -280,11 +290,10 @@ _MISSING = object()
 
 def _pop(tx, d, key, default=_MISSING):
     k = dict_key(tx, key)
-    items = d.mutable()
-    if k in items:
-        return items.pop(k)
+    if k in d.state.items:
+        return d.mutable().pop(k)
     if default is _MISSING:
-        unsupported(f"KeyError: {k!r}", BreakReason.EXCEPTION)
+        raise_key_error(d.state.cls, k)
     return default
 
 
