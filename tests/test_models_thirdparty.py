@@ -16,8 +16,8 @@ from models_zoo import ferrodyn_run, is_top_frame, torch_graph_count
 from models_zoo.thirdparty import THIRDPARTY_BY_NAME, THIRDPARTY_CASES
 
 ONE_GRAPH = {
-    "hf_bert", "hf_bert_padded", "hf_roberta", "hf_distilbert", "hf_gpt2", "hf_t5", "hf_bart",
-    "hf_vit", "hf_clip_text",
+    "hf_bert", "hf_bert_padded", "hf_roberta", "hf_distilbert", "hf_gpt2", "hf_llama_padded",
+    "hf_qwen2", "hf_t5", "hf_bart", "hf_vit", "hf_clip_text",
     "timm_resnet10t", "timm_vit_tiny", "timm_convnext_atto", "tv_mobilenet_v3_small",
     "tv_resnet18",
 }
@@ -29,13 +29,9 @@ SOME_EAGER = {
 }
 
 MORE_GRAPHS = {
-    "hf_llama_padded": "os.environ.get() in use_gqa_in_sdpa: a KeyError raised by a builtin "
-                       "dict and caught in the stdlib's Mapping.get is not modelled",
-    "hf_qwen2": "as hf_llama_padded; the decoder-layer loop over enumerate() cannot resume "
-                "after that break (lazy iterators are refused at breaks)",
-    "hf_gpt2_decode": "the DynamicCache object is mutated through methods the converter "
-                      "refuses (custom __setattr__, lists of tensors)",
-    "hf_llama_decode": "as hf_gpt2_decode, plus os.environ.get()",
+    "hf_gpt2_decode": "DynamicCache: a user-defined generator (`__iter__` of the per-layer config "
+                      "view) is not traced, so the frames that build the cache run eagerly",
+    "hf_llama_decode": "as hf_gpt2_decode",
 }
 
 pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
