@@ -24,7 +24,13 @@ use super::thread::{self, Installed};
 use crate::ffi::object as raw;
 
 /// A function compiled with ferrodyn (see the module docs).
-#[pyclass(module = "ferrodyn._C", name = "CompiledFunction", frozen, dict, weakref)]
+#[pyclass(
+    module = "ferrodyn._C",
+    name = "CompiledFunction",
+    frozen,
+    dict,
+    weakref
+)]
 pub struct CompiledFunction {
     func: Py<PyAny>,
     installed: Installed,
@@ -237,7 +243,8 @@ impl ModuleCall {
         if !wrapper_plain {
             // Hooks on the wrapper (or global ones, or JIT tracing): nn.Module.__call__ runs
             // them and calls the wrapper's forward, whatever it is now.
-            let full: Vec<Bound<'py, PyAny>> = std::iter::once(wrapper).chain(args.iter()).collect();
+            let full: Vec<Bound<'py, PyAny>> =
+                std::iter::once(wrapper).chain(args.iter()).collect();
             let full = PyTuple::new(py, full)?;
             return self.module_call.bind(py).call(full, kwargs);
         }

@@ -321,8 +321,8 @@ impl GuardBuilder {
         expr: &str,
         symbols: Vec<(PyRef<'_, GuardNode>, String, i64)>,
     ) -> Result<()> {
-        let parsed = Expr::parse(expr)
-            .map_err(|e| Error::Value(format!("shape_guard({expr:?}): {e}")))?;
+        let parsed =
+            Expr::parse(expr).map_err(|e| Error::Value(format!("shape_guard({expr:?}): {e}")))?;
         if let Some(&k) = parsed.symbols().iter().next_back() {
             if k >= symbols.len() {
                 return Err(Error::Value(format!(

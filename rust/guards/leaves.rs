@@ -194,7 +194,7 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
         LeafKind::Aliasing(_) => false, // checked by the tree over its several values
-        LeafKind::Shape(_) => false, // evaluated by the tree, never on one value
+        LeafKind::Shape(_) => false,    // evaluated by the tree, never on one value
     }
 }
 

@@ -118,8 +118,15 @@ impl ShapeLeaf {
         let names = self.names();
         if let Some(k) = values.iter().position(|v| v.is_none()) {
             let first = self.conjuncts()[0].render(&names);
-            let more = if self.conjuncts().len() > 1 { " and ..." } else { "" };
-            return format!("{first}{more} ({} could not be read)", self.bindings[k].name);
+            let more = if self.conjuncts().len() > 1 {
+                " and ..."
+            } else {
+                ""
+            };
+            return format!(
+                "{first}{more} ({} could not be read)",
+                self.bindings[k].name
+            );
         }
         let vals: Vec<i64> = values.iter().map(|v| v.unwrap_or(0)).collect();
         // The first conjunct that fails, with the values of its own symbols.

@@ -263,7 +263,11 @@ impl Expr {
                 };
                 // Left-associative except **: the operand on the associative side needs no
                 // parentheses at equal precedence.
-                let (la, lb) = if *op == Bin::Pow { (p + 1, p) } else { (p, p + 1) };
+                let (la, lb) = if *op == Bin::Pow {
+                    (p + 1, p)
+                } else {
+                    (p, p + 1)
+                };
                 a.write(names, out, la);
                 out.push_str(sym);
                 b.write(names, out, lb);
@@ -299,7 +303,11 @@ fn floor_div(a: i64, b: i64) -> Option<i64> {
 
 fn floor_mod(a: i64, b: i64) -> Option<i64> {
     let r = a.checked_rem(b)?;
-    Some(if r != 0 && ((r < 0) != (b < 0)) { r + b } else { r })
+    Some(if r != 0 && ((r < 0) != (b < 0)) {
+        r + b
+    } else {
+        r
+    })
 }
 
 fn parse_at(t: &[&str], pos: &mut usize, depth: usize) -> Result<Expr, String> {
@@ -422,7 +430,9 @@ mod tests {
 
     #[test]
     fn parse_errors() {
-        for bad in ["", "add:2 s0", "eq s0", "s0 s1", "frob 1 2", "add:x 1", "add:0", "sx"] {
+        for bad in [
+            "", "add:2 s0", "eq s0", "s0 s1", "frob 1 2", "add:x 1", "add:0", "sx",
+        ] {
             assert!(Expr::parse(bad).is_err(), "{bad:?} parsed");
         }
         let deep = "neg ".repeat(1000) + "1";
@@ -436,8 +446,14 @@ mod tests {
         assert_eq!(r("le 2 s0"), "2 <= L['x'].size()[0]");
         assert_eq!(r("eq mod s0 8 0"), "L['x'].size()[0] % 8 == 0");
         assert_eq!(r("mul:2 add:2 s0 1 s1"), "(L['x'].size()[0] + 1) * L['n']");
-        assert_eq!(r("floordiv s0 floordiv s1 2"), "L['x'].size()[0] // (L['n'] // 2)");
-        assert_eq!(r("and:2 ge s0 2 not eq s1 3"), "L['x'].size()[0] >= 2 and not L['n'] == 3");
+        assert_eq!(
+            r("floordiv s0 floordiv s1 2"),
+            "L['x'].size()[0] // (L['n'] // 2)"
+        );
+        assert_eq!(
+            r("and:2 ge s0 2 not eq s1 3"),
+            "L['x'].size()[0] >= 2 and not L['n'] == 3"
+        );
         assert_eq!(r("max:2 s0 -1"), "max(L['x'].size()[0], -1)");
         assert_eq!(r("mul:2 -1 s0"), "-1 * L['x'].size()[0]");
         assert_eq!(r("pow pow s0 2 3"), "(L['x'].size()[0] ** 2) ** 3");

@@ -145,10 +145,7 @@ impl<E> Table<E> {
 
     /// Insert a key that is not present (the caller checked). Counts as a size change.
     pub fn insert_new(&mut self, key: u64, refid: usize, entry: E) {
-        debug_assert!(
-            self.slot_of(key).is_none(),
-            "insert_new of a present key"
-        );
+        debug_assert!(self.slot_of(key).is_none(), "insert_new of a present key");
         let i = self.slots.len();
         self.slots.push(Some(Slot { key, refid, entry }));
         self.index.insert(key, i);
@@ -279,7 +276,10 @@ impl<E> Table<E> {
             ));
         }
         if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS + 1 {
-            return Err(format!("{} stale index entries", self.index.len() - self.live));
+            return Err(format!(
+                "{} stale index entries",
+                self.index.len() - self.live
+            ));
         }
         for (i, s) in live {
             if self.index.get(&s.key) != Some(&i) {
