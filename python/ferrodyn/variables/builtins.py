@@ -387,11 +387,10 @@ def _unsupported(name, reason):
 
 
 def _object_setattr(tx, obj, name, value):
-    from ferrodyn.variables.user_objects import NewObjectVariable
+    from ferrodyn.variables.user_objects import NewObjectVariable, UserObjectVariable
     obj = tx.realize(obj)
-    if not isinstance(obj, NewObjectVariable):
-        unsupported("object.__setattr__ on an object from outside the frame",
-                    BreakReason.SIDE_EFFECT)
+    if not isinstance(obj, (NewObjectVariable, UserObjectVariable)):
+        unsupported(f"object.__setattr__ on {obj.describe()}", BreakReason.SIDE_EFFECT)
     obj.raw_setattr(tx, _const_arg(tx, name, "object.__setattr__"), value)
     return _c(None)
 

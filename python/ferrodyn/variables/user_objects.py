@@ -362,7 +362,17 @@ class UserObjectVariable(ObjectLike):
                         f"frame", BreakReason.SIDE_EFFECT)
 
     def setattr(self, tx, name, value):
+        override = self._override("__setattr__")
+        if override is not None:  # a Python __setattr__ runs, as in CPython (inlined)
+            tx.realize(override).call_function(tx, [ConstantVariable(value=name), value], {})
+            return
         self.plain_setattr_check(tx, name, "set")
+        self.record_store(tx, name, value)
+
+    def raw_setattr(self, tx, name, value):
+        """`object.__setattr__(obj, name, value)`: past any `__setattr__` override; a data
+        descriptor for `name` would run (refused)."""
+        self._plain_slot_check(tx, name)
         self.record_store(tx, name, value)
 
     def delattr(self, tx, name):
