@@ -42,15 +42,28 @@ def CALL_KW(tx, inst):
 
 @opcode(since=V313)
 def TO_BOOL(tx, inst):
-    """`bool(TOS)`, what 3.12's conditional jumps and UNARY_NOT computed themselves."""
+    """`bool(TOS)`, what 3.12's conditional jumps and UNARY_NOT computed themselves. Feeding
+    a conditional jump (`if t:`), the value is left for the jump, which takes its truth
+    itself as on 3.12: a data-dependent condition then breaks the graph at the jump, where
+    a resume function can continue (resume.py), not here."""
+    if _feeds_truth_jump(tx):
+        return
     tx.push(ConstantVariable(value=bool(tx.realize(tx.pop()).truth(tx))))
+
+
+def _feeds_truth_jump(tx) -> bool:
+    """Whether the next instruction is a jump on the truth of the value about to be pushed
+    (it takes the truth itself: see TO_BOOL)."""
+    nxt = tx.instructions[tx.ip] if tx.ip < len(tx.instructions) else None
+    return nxt is not None and nxt.opname in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE")
 
 
 @opcode(since=V313)
 def COMPARE_OP(tx, inst):
-    """Bit 4 (16) of the argument: coerce the result to bool (a comparison used as a condition)."""
+    """Bit 4 (16) of the argument: coerce the result to bool (a comparison used as a condition;
+    left to a conditional jump that follows, as TO_BOOL)."""
     result = compare(tx, inst)
-    if inst.arg & 16:
+    if inst.arg & 16 and not _feeds_truth_jump(tx):
         result = ConstantVariable(value=bool(tx.realize(result).truth(tx)))
     tx.push(result)
 
