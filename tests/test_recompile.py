@@ -18,6 +18,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import ferrodyn
+from ferrodyn.symbolic import trace_frame
 from counting_backend import CountingBackend
 from ferrodyn import _C, config
 from ferrodyn.convert_frame import FrameCallback
@@ -67,22 +68,9 @@ def fx_tracer(code, f_globals, f_builtins, args, closure, *, fullgraph=False):
     return TraceResult(gm, [LocalSource(i, names[i]) for i in tensor_slots], example, out, guards)
 
 
-def _symbolic():
-    try:
-        from ferrodyn.symbolic import trace_frame
-    except ImportError:
-        return None
-    return trace_frame
-
-
 @pytest.fixture(params=["fx_tracer", "symbolic"])
 def tracer(request):
-    if request.param == "fx_tracer":
-        return fx_tracer
-    t = _symbolic()
-    if t is None:
-        pytest.skip("ferrodyn.symbolic.trace_frame is not merged yet")
-    return t
+    return fx_tracer if request.param == "fx_tracer" else trace_frame
 
 
 
