@@ -34,6 +34,22 @@ pub fn worth_offering(mode: Mode, state: Option<&crate::cache::CodeState>) -> bo
     }
 }
 
+/// `f` applied to the guard input of `frame`: its argument slots, globals, builtins, closure.
+fn with_guard_input<'py, R>(
+    frame: &InterceptedFrame<'py>,
+    f: impl FnOnce(&GuardInput<'_, 'py>) -> R,
+) -> R {
+    let globals = frame.globals();
+    let builtins = frame.builtins();
+    let closure = frame.closure();
+    f(&GuardInput {
+        locals: Locals::Slots(frame.arg_slots()),
+        globals: Some(&*globals),
+        builtins: Some(&*builtins),
+        closure: closure.as_deref(),
+    })
+}
+
 /// The hit path: decide from the cache alone. `Some(action)` when decided (SKIP code, a hit,
 /// or nothing more to do), `None` when the miss path must run. Called by the hook without a
 /// pyo3 attach guard (the GIL is held), so it creates no `Py<T>` it would drop: objects it
@@ -51,17 +67,10 @@ pub fn on_frame_cached(
         if st.flag() == CodeFlag::Skip {
             return Some(FrameAction::RunDefault);
         }
-        let globals = frame.globals();
-        let builtins = frame.builtins();
-        let closure = frame.closure();
-        let input = GuardInput {
-            locals: Locals::Slots(frame.arg_slots()),
-            globals: Some(&*globals),
-            builtins: Some(&*builtins),
-            closure: closure.as_deref(),
-        };
         let mut exports = Vec::new();
-        let (hit, errors) = cache::lookup(py, st, &input, backend_id, &mut exports);
+        let (hit, errors) = with_guard_input(frame, |input| {
+            cache::lookup(py, st, input, backend_id, &mut exports)
+        });
         if errors {
             // A failing guard may have swallowed an exception, released under the bare token
             // into pyo3's deferred pool: attach briefly so it is freed now, not whenever pyo3
@@ -166,19 +175,12 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
             // not, the frame runs normally this once).
             let tree = entry.get().tree().bind(py).clone();
             let mut exports = Vec::new();
-            if tree.get().has_exports() {
-                let globals = frame.globals();
-                let builtins = frame.builtins();
-                let closure = frame.closure();
-                let input = GuardInput {
-                    locals: Locals::Slots(frame.arg_slots()),
-                    globals: Some(&*globals),
-                    builtins: Some(&*builtins),
-                    closure: closure.as_deref(),
-                };
-                if !tree.get().check_export(py, &input, &mut exports) {
-                    exports.clear();
-                }
+            if tree.get().has_exports()
+                && !with_guard_input(frame, |input| {
+                    tree.get().check_export(py, input, &mut exports)
+                })
+            {
+                exports.clear();
             }
             let runnable = !tree.get().has_exports() || !exports.is_empty();
             if !st.insert(&code, std::sync::Arc::new(entry.unbind())) {
