@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from ferrodyn import _C
 from ferrodyn.bytecode import CodeBuilder, ExnHandler, Inst, Positions, assemble
-from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, CodegenEnv, DictOfSource,
+from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSource,
                              GlobalSource, ItemSource, LenSource, LocalSource, Source,
                              TypeSource)
 from ferrodyn.symbolic_shapes import TensorPropertySource
@@ -393,4 +393,4 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
 
 # kept for code that renders sources as Python text (explain, logs)
 __all__ = ["generate_entry", "argument_slot_count", "EntryEmitter", "entry_emitter",
-           "SOURCE_LOADERS", "OUT_RENDERERS", "listing", "CodegenEnv"]
+           "SOURCE_LOADERS", "OUT_RENDERERS", "listing"]

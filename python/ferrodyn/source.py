@@ -1,8 +1,8 @@
 """Sources: where a value the converter read came from, relative to the frame.
 
-Owns the Source classes and their two renderings: `name()` (the guard/explain expression,
-`L['self']._modules['fc'].weight`) and `to_python(env)` (a Python expression for generated
-code). Does not own guards (guard_spec.py) or how guards compile to Rust (guards.py).
+Owns the Source classes and `name()` (the guard/explain expression,
+`L['self']._modules['fc'].weight`). Does not own guards (guard_spec.py), how guards compile to
+Rust (guards.py) or how generated code loads a source (codegen.SOURCE_LOADERS: bytecode).
 
 A frame's values are reached from four roots: argument slots (`L`), globals (`G`), builtins
 (`B`) and closure cells (`C`); everything else chains from a root.
@@ -11,7 +11,7 @@ A frame's values are reached from four roots: argument slots (`L`), globals (`G`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 
 def source_class(cls):
@@ -39,41 +39,11 @@ class Source:
     def name(self) -> str:
         raise NotImplementedError
 
-    def to_python(self, env: "CodegenEnv") -> str:
-        """A Python expression that evaluates to this value inside a generated entry function."""
-        raise NotImplementedError
-
     def root(self) -> "Source":
         return self
 
     def __str__(self) -> str:
         return self.name()
-
-
-class CodegenEnv:
-    """What `to_python` needs: parameter names of the generated function for argument slots and
-    closure cells, and the name under which the user's globals / builtins dicts are reachable."""
-
-    def __init__(self, local_names: Mapping[int, str], cell_names: Mapping[int, str],
-                 globals_name: str = "__ferrodyn_G", builtins_name: str = "__ferrodyn_B"):
-        self.local_names = dict(local_names)
-        self.cell_names = dict(cell_names)
-        self.globals_name = globals_name
-        self.builtins_name = builtins_name
-        # values that are not literals (enum members, dtypes, floats such as nan, tuples of
-        # those): bound as globals of the generated function, never rendered with `repr`
-        self.bindings: dict[str, Any] = {}
-
-    def literal(self, value: Any) -> str:
-        """A Python expression for the constant `value` (a dict key, an index)."""
-        if value is None or value is True or value is False or type(value) in (int, str, bytes):
-            return repr(value)
-        for name, bound in self.bindings.items():
-            if bound is value:
-                return name
-        name = f"__ferrodyn_key{len(self.bindings)}"
-        self.bindings[name] = value
-        return name
 
 
 @source_class
@@ -85,9 +55,6 @@ class LocalSource(Source):
     def name(self) -> str:
         return f"L[{self.local_name!r}]"
 
-    def to_python(self, env: CodegenEnv) -> str:
-        return env.local_names[self.index]
-
 
 @source_class
 class GlobalSource(Source):
@@ -96,9 +63,6 @@ class GlobalSource(Source):
     def name(self) -> str:
         return f"G[{self.global_name!r}]"
 
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{env.globals_name}[{self.global_name!r}]"
-
 
 @source_class
 class BuiltinSource(Source):
@@ -106,9 +70,6 @@ class BuiltinSource(Source):
 
     def name(self) -> str:
         return f"B[{self.builtin_name!r}]"
-
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{env.builtins_name}[{self.builtin_name!r}]"
 
 
 @source_class
@@ -119,9 +80,6 @@ class ClosureSource(Source):
 
     def name(self) -> str:
         return f"C[{self.cell_name!r}]"
-
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{env.cell_names[self.index]}.cell_contents"
 
 
 @source_class
@@ -140,9 +98,6 @@ class AttrSource(_Chained):
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
 
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{self.base.to_python(env)}.{self.attr}"
-
 
 @source_class
 class DictOfSource(_Chained):
@@ -151,9 +106,6 @@ class DictOfSource(_Chained):
 
     def name(self) -> str:
         return f"{self.base.name()}.__dict__"
-
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{self.base.to_python(env)}.__dict__"
 
 
 @source_class
@@ -164,9 +116,6 @@ class ItemSource(_Chained):
     def name(self) -> str:
         return f"{self.base.name()}[{self.key!r}]"
 
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{self.base.to_python(env)}[{env.literal(self.key)}]"
-
 
 @source_class
 class TypeSource(_Chained):
@@ -175,9 +124,6 @@ class TypeSource(_Chained):
     def name(self) -> str:
         return f"type({self.base.name()})"
 
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"type({self.base.to_python(env)})"
-
 
 @source_class
 class LenSource(_Chained):
@@ -185,6 +131,3 @@ class LenSource(_Chained):
 
     def name(self) -> str:
         return f"len({self.base.name()})"
-
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"len({self.base.to_python(env)})"

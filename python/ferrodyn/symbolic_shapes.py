@@ -33,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from ferrodyn.guard_spec import GuardKind, GuardSpec
-from ferrodyn.source import CodegenEnv, Source, source_class
+from ferrodyn.source import Source, source_class
 
 META_KEY = "ferrodyn_shape_record"
 
@@ -63,9 +63,6 @@ class TensorPropertySource(Source):
 
     def name(self) -> str:
         return f"{self.base.name()}.{self.prop}()[{self.idx}]"
-
-    def to_python(self, env: CodegenEnv) -> str:
-        return f"{self.base.to_python(env)}.{self.prop}({self.idx})"
 
     def root(self) -> Source:
         return self.base.root()
