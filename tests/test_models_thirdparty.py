@@ -20,6 +20,7 @@ ONE_GRAPH = {
     "hf_qwen2", "hf_t5", "hf_bart", "hf_vit", "hf_clip_text",
     "timm_resnet10t", "timm_vit_tiny", "timm_convnext_atto", "tv_mobilenet_v3_small",
     "tv_resnet18",
+    "hf_gpt2_decode", "hf_llama_decode",  # DynamicCache iterates a generator `__iter__`
 }
 
 # As many graphs as torch.compile, but some frames still run eagerly (less is captured).
@@ -28,11 +29,7 @@ SOME_EAGER = {
                           "PreTrainedConfig.__setattr__ (a custom __setattr__ is not replayed)",
 }
 
-MORE_GRAPHS = {
-    "hf_gpt2_decode": "DynamicCache: a user-defined generator (`__iter__` of the per-layer config "
-                      "view) is not traced, so the frames that build the cache run eagerly",
-    "hf_llama_decode": "as hf_gpt2_decode",
-}
+MORE_GRAPHS: dict[str, str] = {}
 
 pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
 

@@ -106,6 +106,9 @@ class SideEffects:
         self._building: set[Any] = set()
         self.identity_sensitive = False  # set by mutations of objects and `is` on inputs
         self.tensor_sensitive = False    # set when the graph writes to an input in place
+        # run before every replay (end of trace, graph break): raise Unsupported when a state
+        # the replay cannot express is left (a generator suspended inside try/with)
+        self.checks: list[Callable[[], None]] = []
 
     # -- identity table --------------------------------------------------------------------
     def tracked(self, value: Any, source: "Source | None") -> "VariableTracker | None":
@@ -270,6 +273,8 @@ class SideEffects:
     def replay(self, tx: Any, before: Iterable[Out] = ()) -> tuple[tuple[Out, ...], tuple[Out, ...]]:
         """(`before` made shared, effects): evaluate the effects in order, after the graph call;
         the first effect materialises `before` and every value the later ones use."""
+        for check in self.checks:
+            check()
         if not self._log:
             return tuple(before), ()
         before = tuple(self._prefetch(o) for o in before)

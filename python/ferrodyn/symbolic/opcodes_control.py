@@ -1,5 +1,7 @@
 """Opcode handlers: control flow decided at trace time (jumps on constant conditions, for
-loops over trackers, returns, `with` blocks, and generator expressions run to completion).
+loops over trackers, returns, `with` blocks, and the generator opcodes: RETURN_GENERATOR,
+YIELD_VALUE, `yield from`'s GET_YIELD_FROM_ITER/SEND/END_SEND, whose semantics live in
+variables/generators.py).
 
 A conditional jump on a tensor's truth value is data-dependent and refused (the tracker's
 `truth` raises). Exception-handling opcodes are in opcodes_unsupported.py: the exceptional
@@ -8,12 +10,17 @@ paths of `with` blocks are never executed while tracing, since nothing raises.
 
 from __future__ import annotations
 
+import sys
+
 from ferrodyn.exc import BreakReason
 from ferrodyn.symbolic.instructions import FOR_ITER_EXIT_SKIPS
 from ferrodyn.symbolic.registry import NEWEST, opcode
 from ferrodyn.variables.base import unsupported
 from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables import generators
 from ferrodyn.variables.lists import IteratorVariable
+
+_VERSION = sys.version_info[:2]
 
 
 @opcode()
@@ -119,20 +126,43 @@ def BEFORE_WITH(tx, inst):
 
 @opcode()
 def RETURN_GENERATOR(tx, inst):
-    """Start of a generator's body: only traced for generator expressions, which are run to
-    completion into a list (see inline.py)."""
-    if tx.yields is None and not getattr(tx, "suspend_on_yield", False):
-        unsupported("generator", BreakReason.GENERATOR)
+    """Start of a generator's body (the call that made the generator already returned a
+    GeneratorVariable, variables/generators.py): push the None that POP_TOP discards."""
+    if tx.generator is None:
+        unsupported("generator frame outside a traced generator", BreakReason.GENERATOR)
     tx.push(ConstantVariable(value=None))
 
 
 @opcode()
 def YIELD_VALUE(tx, inst):
-    if getattr(tx, "suspend_on_yield", False):  # contextmanager body: suspend (contextlib_vars)
-        tx.yielded = tx.pop()
-        tx.returned = None
-        return
-    if tx.yields is None:
-        unsupported("yield", BreakReason.GENERATOR)
-    tx.yields.append(tx.pop())
-    tx.push(ConstantVariable(value=None))  # the value sent back in
+    """Suspend the generator's translator with the value; its consumer resumes it, pushing
+    the value `yield` evaluates to (always None: nothing is sent)."""
+    if tx.generator is None:
+        unsupported("yield outside a traced generator", BreakReason.GENERATOR)
+    generators.suspend(tx, tx.pop())
+
+
+@opcode()
+def GET_YIELD_FROM_ITER(tx, inst):
+    tx.push(generators.yield_from_iter(tx, tx.pop()))
+
+
+@opcode()
+def SEND(tx, inst):
+    """`yield from`: next item of the receiver (left on the stack for YIELD_VALUE), or at its
+    end its return value and a jump past the loop (3.11 drops the receiver here, 3.12+ at
+    END_SEND)."""
+    value = tx.pop()
+    more, item = generators.send(tx, tx.realize(tx.peek()), value)
+    if not more and _VERSION < (3, 12):
+        tx.pop()
+    tx.push(item)
+    if not more:
+        tx.jump(inst)
+
+
+@opcode(since=(3, 12))
+def END_SEND(tx, inst):
+    value = tx.pop()
+    tx.pop()  # the receiver
+    tx.push(value)

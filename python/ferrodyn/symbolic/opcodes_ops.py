@@ -165,6 +165,8 @@ _INTRINSICS_1 = {
     "INTRINSIC_LIST_TO_TUPLE": lambda tx, v: __import__(
         "ferrodyn.variables.lists", fromlist=["TupleVariable"]).TupleVariable(
             items=tuple(v.unpack(tx))),
+    "INTRINSIC_STOPITERATION_ERROR": lambda tx, v: __import__(
+        "ferrodyn.variables.generators", fromlist=["x"]).stopiteration_error(tx, v),
 }
 
 

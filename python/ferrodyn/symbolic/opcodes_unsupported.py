@@ -39,9 +39,6 @@ UNSUPPORTED: dict[str, Refusal] = {
     "CLEANUP_THROW": Refusal(_EXC, "generator.throw", **_V312),
     "CALL_INTRINSIC_2": Refusal(_EXC, "except* / type parameters", **_V312),
     # generators, coroutines, async
-    "SEND": Refusal(_GEN, "yield from / await"),
-    "END_SEND": Refusal(_GEN, "yield from / await", **_V312),
-    "GET_YIELD_FROM_ITER": Refusal(_GEN, "yield from"),
     "GET_AWAITABLE": Refusal(_GEN, "await"),
     "GET_AITER": Refusal(_GEN, "async for"),
     "GET_ANEXT": Refusal(_GEN, "async for"),

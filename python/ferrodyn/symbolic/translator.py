@@ -72,7 +72,8 @@ class InstructionTranslator:
         self.current: Instruction | None = None
         self.kw_names: tuple[str, ...] = ()
         self.returned: Any = _RETURNED_NOTHING
-        self.yields: list[VariableTracker] | None = None  # generator-expression collect mode
+        self.generator = None  # the GeneratorFrame whose body this runs (variables/generators.py)
+        self.yielded: VariableTracker | None = None  # set by YIELD_VALUE (a generator stops)
         self.graph_output = None  # set by OutputGraph.build_result
         # graph breaks: how often each instruction index was stepped; the path of
         # (code, index, visit) to stop before, this level first (resume.capture_break then

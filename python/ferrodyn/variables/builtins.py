@@ -155,12 +155,23 @@ def _sum(tx, iterable, start=None):
     return acc
 
 
+def _lazy_items(tx, iterable):
+    """The items of `iterable`, taken one at a time (any/all stop at the deciding item, so a
+    lazy iterator such as a generator is not run further, as in CPython)."""
+    it = tx.realize(iterable).iterator(tx)
+    if not isinstance(it, IteratorVariable):
+        yield from it.unpack(tx)
+        return
+    while (item := it.next(tx)) is not None:
+        yield item
+
+
 def _any(tx, iterable):
-    return _c(any(tx.realize(i).truth(tx) for i in _items(tx, iterable)))
+    return _c(any(tx.realize(i).truth(tx) for i in _lazy_items(tx, iterable)))
 
 
 def _all(tx, iterable):
-    return _c(all(tx.realize(i).truth(tx) for i in _items(tx, iterable)))
+    return _c(all(tx.realize(i).truth(tx) for i in _lazy_items(tx, iterable)))
 
 
 def _getattr(tx, obj, name, default=None):

@@ -1,6 +1,6 @@
 """`contextlib.contextmanager` context managers: the generator function's body is inlined in
 two halves, up to its `yield` on `__enter__` and from it to its end on `__exit__`, in a
-translator that is suspended in between (its stack and locals kept).
+`generators.GeneratorFrame` that is suspended in between (its stack and locals kept).
 
 Owns `GeneratorContextManagerVariable` (what `_GeneratorContextManager(func, args, kwds)`
 makes) and its handler. The exceptional exit (an exception inside the `with` body) stays
@@ -22,7 +22,7 @@ from ferrodyn.variables.constant import ConstantVariable
 
 @dataclass
 class GenState:
-    translator: Any = None  # the suspended translator of the generator's body
+    frame: Any = None       # the generator's body (generators.GeneratorFrame), suspended
     stage: str = "new"      # new -> entered -> exited
 
 
@@ -51,8 +51,8 @@ class GeneratorContextManagerVariable(VariableTracker):
         return self.var_getattr(tx, name).call_function(tx, args, kwargs)
 
     def enter(self, tx) -> VariableTracker:
-        from ferrodyn.symbolic.translator import InstructionTranslator
         from ferrodyn.variables.functions import InlinableFunction, bind_args
+        from ferrodyn.variables.generators import GeneratorFrame
         st = self.state
         if st.stage != "new":
             unsupported("a contextmanager context entered twice", BreakReason.EXCEPTION)
@@ -62,13 +62,8 @@ class GeneratorContextManagerVariable(VariableTracker):
         code = fn.code()
         bound = bind_args(code, fn.name(), list(self.args), dict(self.kwargs),
                           fn.defaults(tx), fn.kwdefaults(tx))
-        closure = fn.closure(tx)
-        child = InstructionTranslator(code, fn.fn_globals(), tx.output, dict(bound),
-                                      dict(zip(code.co_freevars, closure)),
-                                      fn.globals_source(tx), parent=tx)
-        child.suspend_on_yield = True
-        st.translator, st.stage = child, "entered"
-        value = _run_to_yield(child)
+        st.frame, st.stage = GeneratorFrame(tx, fn, bound), "entered"
+        value = st.frame.resume(tx)
         if value is None:
             unsupported("RuntimeError: generator didn't yield", BreakReason.EXCEPTION)
         return value
@@ -82,22 +77,9 @@ class GeneratorContextManagerVariable(VariableTracker):
                     tx.realize(a).as_python_constant() is None) for a in args):
             unsupported("contextmanager exit with an exception", BreakReason.EXCEPTION)
         st.stage = "exited"
-        child = st.translator
-        child.parent = tx
-        child.stack.append(ConstantVariable(value=None))  # the value `yield` evaluates to
-        if _run_to_yield(child) is not None:
+        if st.frame.resume(tx) is not None:
             unsupported("RuntimeError: generator didn't stop", BreakReason.EXCEPTION)
         return ConstantVariable(value=False)
-
-
-def _run_to_yield(child) -> VariableTracker | None:
-    """Run the suspended translator until its next `yield` (the yielded value) or its return
-    (None)."""
-    from ferrodyn.symbolic.translator import _RETURNED_NOTHING
-    child.returned = _RETURNED_NOTHING
-    child.yielded = None
-    child.run()
-    return child.yielded
 
 
 @dataclass(frozen=True, eq=False)

@@ -240,6 +240,14 @@ class IteratorVariable(VariableTracker):
             out.append(item)
         return out
 
+    def contains(self, tx, item):
+        """`x in it` consumes the iterator up to the first match only, as CPython does."""
+        from ferrodyn.variables.operators import values_equal
+        while (x := self.next(tx)) is not None:
+            if values_equal(tx, tx.realize(x), item):
+                return True
+        return False
+
 
 def reversed_iterator(tx, seq: VariableTracker) -> IteratorVariable:
     """`reversed(seq)`: live for lists (CPython's listreviterator: index from len-1 down,

@@ -565,14 +565,14 @@ class ClassVariable(VariableTracker):
         return hasattr(self.value, name)
 
     def call_function(self, tx, args, kwargs):
-        return construct_instance(tx, self.value, args, kwargs)
+        return construct_instance(tx, self.value, args, kwargs, self.source)
 
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         return OutConst(self.value) if self.source is None else super().reconstruct(tx)
 
 
-def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
+def construct_instance(tx, cls: type, args, kwargs, cls_source=None) -> VariableTracker:
     """`cls(*args, **kwargs)` for a user class: namedtuples are built directly; other classes
     get a new object and their `__init__` inlined."""
     import torch
@@ -604,7 +604,8 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
         return obj
     if not isinstance(init, types.FunctionType):
         unsupported(f"{cls.__name__}.__init__ is not Python code", BreakReason.UNSUPPORTED_CALL)
-    tx.realize(class_attr_tracker(tx, cls, None, "__init__", init, obj)).call_function(
+    # through the class's Source when it has one: `__init__`'s globals then have Sources
+    tx.realize(class_attr_tracker(tx, cls, cls_source, "__init__", init, obj)).call_function(
         tx, args, kwargs)
     return obj
 
