@@ -10,13 +10,15 @@ Owns:
 - `GeneratorVariable`: what calling a generator function (plain function, method, an `__iter__`
   written as a generator, a generator expression) returns. It is an iterator tracker, so every
   consumer of iterators (`for`, unpacking, `list`/`tuple`/`dict`/`sum`/`zip`/`enumerate`/`map`,
-  `next`, `in`, `yield from`) drives it lazily.
-- The refusals (never a wrong value): `send`/`throw`/`close` and frame attributes
-  (`gi_frame`...); a generator escaping the frame (returned, stored outside it, live across a
-  graph break: it has no reconstruction); a generator left suspended inside a `try`/`with` of
-  its body at the end of the trace (CPython would run its handler on close); a StopIteration
-  escaping the body (CPython turns it into RuntimeError); more than `MAX_YIELDS` resumptions
-  (an infinite generator drained by its consumer); a generator resumed while it runs.
+  `next`, `in`, `yield from`) drives it lazily; `send(value)` and `close()` too. A
+  StopIteration leaving the body becomes RuntimeError (PEP 479), as in CPython.
+- The refusals (never a wrong value): `throw` and frame attributes (`gi_frame`...); a
+  generator escaping the frame (returned, stored outside it, live across a graph break: it has
+  no reconstruction); a generator left suspended, at the end of the trace or at `close()`,
+  where GeneratorExit would run code of its body (a `finally`, a `with`, an `except` catching
+  it: CPython runs it when the generator is closed or collected); more than `MAX_YIELDS`
+  resumptions (an infinite generator drained by its consumer); a generator resumed while it
+  runs.
 A graph break inside a generator's body never resumes inside it (its translator takes no
 `stop_at`): the break moves out to the root frame's instruction, if that one can resume.
 Does not own the opcodes (symbolic/opcodes_control.py: RETURN_GENERATOR, YIELD_VALUE, SEND,
@@ -26,8 +28,8 @@ GET_YIELD_FROM_ITER, END_SEND) or when a call makes a generator (symbolic/inline
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
@@ -65,15 +67,20 @@ class GeneratorFrame:
     def name(self) -> str:
         return self.code.co_qualname
 
-    def resume(self, tx) -> VariableTracker | None:
+    def resume(self, tx, sent: VariableTracker | None = None) -> VariableTracker | None:
         """Run the body from where it stopped to its next `yield` (returns the value) or its
-        end (returns None; the return value is `return_value`). `tx` is the consumer."""
+        end (returns None; the return value is `return_value`). `tx` is the consumer; `sent`
+        is what the `yield` evaluates to (`send(value)`; None for `next()`)."""
         from ferrodyn.symbolic.translator import _RETURNED_NOTHING
         from ferrodyn.variables.exceptions import TracedException
+        sent = ConstantVariable(value=None) if sent is None else tx.realize(sent)
         if self.status == "done":
             return None
         if self.status == "running":
             unsupported(f"ValueError: generator {self.name} already executing",
+                        BreakReason.EXCEPTION)
+        if self.status == "created" and not _is_none(sent):
+            unsupported("TypeError: can't send non-None value to a just-started generator",
                         BreakReason.EXCEPTION)
         self.yields += 1
         if self.yields > MAX_YIELDS:
@@ -81,7 +88,7 @@ class GeneratorFrame:
                         f"(infinite generator?)", BreakReason.GENERATOR)
         child = self.translator
         if self.status == "suspended":
-            child.stack.append(ConstantVariable(value=None))  # what `yield` evaluates to
+            child.stack.append(sent)  # what `yield` evaluates to
         child.parent = tx
         child.returned = _RETURNED_NOTHING
         child.yielded = None
@@ -90,9 +97,8 @@ class GeneratorFrame:
             child.run()
         except TracedException as e:
             self.status = "done"
-            if issubclass(e.exc.cls, StopIteration):
-                unsupported(f"RuntimeError: generator {self.name} raised StopIteration",
-                            BreakReason.EXCEPTION)
+            if issubclass(e.exc.cls, StopIteration):  # 3.11 (3.12+: stopiteration_error)
+                raise TracedException(_stopiteration_runtime_error(tx)) from None
             raise
         except BaseException:
             self.status = "done"
@@ -105,6 +111,26 @@ class GeneratorFrame:
         self.status = "suspended"
         self.in_handler = _close_runs_code(child)
         return child.yielded
+
+    def close(self) -> None:
+        """`close()`: nothing runs unless the body is suspended where GeneratorExit would reach
+        its code (refused)."""
+        if self.status == "running":
+            unsupported(f"ValueError: generator {self.name} already executing",
+                        BreakReason.EXCEPTION)
+        if self.status == "suspended" and self.in_handler:
+            unsupported(f"close() of generator {self.name} suspended inside a try/with block",
+                        BreakReason.GENERATOR)
+        self.status = "done"
+
+
+def _is_none(v: VariableTracker) -> bool:
+    return v.is_python_constant() and v.as_python_constant() is None
+
+
+def _stopiteration_runtime_error(tx):
+    from ferrodyn.variables.exceptions import make
+    return make(tx, RuntimeError, (ConstantVariable(value="generator raised StopIteration"),), {})
 
 
 def suspend(tx, value: VariableTracker) -> None:
@@ -188,8 +214,6 @@ class GeneratorVariable(IteratorVariable):
         from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
         if name in _METHODS:
             return BoundMethodVariable(func=MethodOf(name=name), obj=self)
-        if name in ("__name__", "__qualname__"):
-            return ConstantVariable(value=getattr(self.frame.code, "co_" + name.strip("_")))
         unsupported(f"attribute {name!r} of {self.describe()}", BreakReason.GENERATOR)
 
     def call_method(self, tx, name, args, kwargs):
@@ -200,6 +224,15 @@ class GeneratorVariable(IteratorVariable):
 
     def has_attr(self, tx, name):
         return instance_has_attr(types.GeneratorType, name)
+
+    def send(self, tx, value: VariableTracker) -> VariableTracker | None:
+        """`send(value)`: the next item, or None when the body ends."""
+        if self.state.exhausted:
+            return None
+        item = self.frame.resume(tx, value)
+        if item is None:
+            self.state.exhausted = True
+        return item
 
     def reconstruct(self, tx):
         unsupported(f"{self.describe()} escapes the frame (returned, stored outside it, or live "
@@ -224,16 +257,26 @@ def _next(tx, gen, *rest):
     return item
 
 
-def _refuse(name: str) -> Callable:
-    def handler(tx, gen, *args, **kwargs):
-        unsupported(f"generator.{name}() of {gen.describe()}", BreakReason.GENERATOR)
-    return handler
+def _send(tx, gen, value):
+    item = gen.send(tx, value)
+    if item is None:
+        unsupported("StopIteration", BreakReason.EXCEPTION)
+    return item
+
+
+def _close(tx, gen):
+    gen.frame.close()
+    gen.state.exhausted = True
+    return ConstantVariable(value=None)
+
+
+def _throw(tx, gen, *args, **kwargs):
+    unsupported(f"generator.throw() of {gen.describe()}", BreakReason.GENERATOR)
 
 
 _METHODS: dict[str, Callable] = {
-    "__next__": _next,
-    "__iter__": lambda tx, gen: gen,
-    "send": _refuse("send"), "throw": _refuse("throw"), "close": _refuse("close"),
+    "__next__": _next, "__iter__": lambda tx, gen: gen, "send": _send, "close": _close,
+    "throw": _throw,
 }
 
 
@@ -251,27 +294,28 @@ def yield_from_iter(tx, v: VariableTracker) -> VariableTracker:
 
 def send(tx, receiver: VariableTracker, value: VariableTracker) -> tuple[bool, VariableTracker]:
     """SEND: (True, next item) while `receiver` yields, (False, its return value) at its end.
-    Only `None` is ever sent (our generators are only driven by `next`)."""
-    if not (value.is_python_constant() and value.as_python_constant() is None):
-        unsupported("generator.send() of a value other than None", BreakReason.GENERATOR)
+    A generator receives the sent value; another iterator only `None` (`next()`)."""
+    value = tx.realize(value)
+    if isinstance(receiver, GeneratorVariable):
+        item = receiver.send(tx, value)
+        return (True, item) if item is not None else (False, receiver.frame.return_value)
     if not isinstance(receiver, IteratorVariable):
         unsupported(f"yield from {receiver.describe()}", BreakReason.GENERATOR)
+    if not _is_none(value):
+        unsupported(f"send() through yield from {receiver.describe()}", BreakReason.GENERATOR)
     item = receiver.next(tx)
-    if item is not None:
-        return True, item
-    if isinstance(receiver, GeneratorVariable):
-        return False, receiver.frame.return_value
-    return False, ConstantVariable(value=None)
+    return (True, item) if item is not None else (False, ConstantVariable(value=None))
 
 
 def stopiteration_error(tx, exc: VariableTracker) -> VariableTracker:
     """CALL_INTRINSIC_1 INTRINSIC_STOPITERATION_ERROR (3.12+, the handler around a generator's
-    body): a StopIteration leaving the body becomes RuntimeError (refused); others pass."""
+    body): a StopIteration leaving the body becomes RuntimeError (PEP 479); others pass."""
     from ferrodyn.variables.exceptions import ExceptionVariable
     exc = tx.realize(exc)
-    if not isinstance(exc, ExceptionVariable) or issubclass(exc.cls, (StopIteration,
-                                                                     StopAsyncIteration)):
-        unsupported("RuntimeError: generator raised StopIteration", BreakReason.EXCEPTION)
+    if not isinstance(exc, ExceptionVariable):
+        unsupported(f"exception {exc.describe()} leaving a generator", BreakReason.EXCEPTION)
+    if issubclass(exc.cls, StopIteration):
+        return _stopiteration_runtime_error(tx)
     return exc
 
 
