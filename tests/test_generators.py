@@ -152,6 +152,50 @@ def short_circuit(x):
     return hit, found, log, x + len(log)
 
 
+def lengths(xs):
+    for _ in range(3):
+        yield len(xs)
+
+
+def containers_grow_item_by_item(x):
+    """list.extend, `+=` and dict.update take a generator's items one at a time (CPython's
+    list_extend / dict merge): the generator sees the container grow."""
+    xs = []
+    xs.extend(lengths(xs))
+    ys = [0]
+    ys += lengths(ys)
+    d = {}
+    d.update((k, len(d)) for k in "abc")
+    return x + len(xs), xs, ys, d
+
+
+def sum_adds_as_it_takes(t):
+    def bumped():
+        for _ in range(3):
+            t.add_(1)
+            yield t
+    return sum(bumped()), t
+
+
+def itertools_are_lazy(x):
+    import itertools
+    log = []
+
+    def counting():
+        n = 0
+        while True:
+            log.append(n)
+            yield n
+            n += 1
+    picked = [x * i for i in itertools.islice(counting(), 2, 9, 3)]
+    chained = []
+    for i in itertools.chain([1], itertools.islice(counting(), 2), counting()):
+        chained.append((i, len(log)))
+        if len(chained) > 5:
+            break
+    return picked, chained, list(log)
+
+
 def mutates_outside_list(x, shared):
     for y in producer(shared, x):
         shared.append(y.sum().item() if False else "seen")
@@ -159,7 +203,9 @@ def mutates_outside_list(x, shared):
 
 
 @pytest.mark.parametrize("fn", [body_and_consumer_share_a_list, inplace_between_steps,
-                                short_circuit], ids=lambda f: f.__name__)
+                                short_circuit, containers_grow_item_by_item,
+                                sum_adds_as_it_takes, itertools_are_lazy],
+                         ids=lambda f: f.__name__)
 def test_effects_interleave_as_in_cpython(fn):
     check_one_graph_like_torch(fn, _x())
 
@@ -326,6 +372,13 @@ def close_runs_finally(x, log):
     return first, list(log)
 
 
+def reversed_generator(x):
+    try:
+        return reversed(scaled(x, 2))  # TypeError: a generator is not reversible
+    except TypeError:
+        return x - 1
+
+
 def throw_into(x):
     g = scaled(x, 3)
     next(g)
@@ -342,6 +395,7 @@ def throw_into(x):
     (suspended_in_finally, ([],), "left suspended"),
     (close_runs_finally, ([],), "close() of generator"),
     (throw_into, (), "generator.throw"),
+    (reversed_generator, (), "not reversible"),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_refused_uses_run_as_eager(fn, args, words):
     """Results (and state) equal eager's; the refusal is explained."""

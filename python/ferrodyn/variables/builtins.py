@@ -149,29 +149,21 @@ def _abs(tx, x):
 
 
 def _sum(tx, iterable, start=None):
+    from ferrodyn.variables.lists import each_item
     acc = _c(0) if start is None else start
-    for item in _items(tx, iterable):
+    for item in each_item(tx, iterable):  # added as taken, as CPython does
         acc = ops.binary_op(tx, operator.add, acc, item)
     return acc
 
 
-def _lazy_items(tx, iterable):
-    """The items of `iterable`, taken one at a time (any/all stop at the deciding item, so a
-    lazy iterator such as a generator is not run further, as in CPython)."""
-    it = tx.realize(iterable).iterator(tx)
-    if not isinstance(it, IteratorVariable):
-        yield from it.unpack(tx)
-        return
-    while (item := it.next(tx)) is not None:
-        yield item
-
-
-def _any(tx, iterable):
-    return _c(any(tx.realize(i).truth(tx) for i in _lazy_items(tx, iterable)))
+def _any(tx, iterable):  # stops at the deciding item: a generator is not run further
+    from ferrodyn.variables.lists import each_item
+    return _c(any(tx.realize(i).truth(tx) for i in each_item(tx, iterable)))
 
 
 def _all(tx, iterable):
-    return _c(all(tx.realize(i).truth(tx) for i in _lazy_items(tx, iterable)))
+    from ferrodyn.variables.lists import each_item
+    return _c(all(tx.realize(i).truth(tx) for i in each_item(tx, iterable)))
 
 
 def _getattr(tx, obj, name, default=None):
@@ -319,8 +311,37 @@ def _frozenset(tx, iterable=None):
     return _c(frozenset(elements(tx, iterable) if iterable is not None else ()))
 
 
+def _lazy(step) -> IteratorVariable:
+    from ferrodyn.variables.lists import IterState
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def _iter_of(tx, iterable) -> IteratorVariable:
+    it = tx.realize(iterable).iterator(tx)
+    return it if isinstance(it, IteratorVariable) else IteratorVariable.over(it.unpack(tx))
+
+
+def _chain_over(tx, outer: IteratorVariable) -> IteratorVariable:
+    """`chain`: lazy, as in CPython: each iterable is iterated (and `iter()` called on it)
+    only when the previous one is exhausted, so a generator runs as far as the consumer."""
+    current: list = [None]
+
+    def step(tx):
+        while True:
+            if current[0] is None:
+                nxt = outer.next(tx)
+                if nxt is None:
+                    return None
+                current[0] = _iter_of(tx, nxt)
+            item = current[0].next(tx)
+            if item is not None:
+                return item
+            current[0] = None
+    return _lazy(step)
+
+
 def _chain(tx, *iterables):
-    return IteratorVariable.over([i for it in iterables for i in _items(tx, it)])
+    return _chain_over(tx, IteratorVariable.over(iterables))
 
 
 def _product(tx, *iterables, repeat=None):
@@ -337,12 +358,35 @@ def _repeat(tx, obj, times=None):
 
 
 def _islice(tx, iterable, *args):
-    bounds = [_const_arg(tx, a, "islice") for a in args]
-    return IteratorVariable.over(_items(tx, iterable)[slice(*bounds)])
+    """`islice(it, [start,] stop[, step])`: lazy, consuming exactly what CPython's
+    islice_next consumes (nothing past `stop`)."""
+    sl = slice(*[_const_arg(tx, a, "islice") for a in args])
+    start, stop, stride = sl.start or 0, sl.stop, 1 if sl.step is None else sl.step
+    if not all(isinstance(v, int) and v >= 0 for v in (start, stride, stop or 0)) or stride < 1:
+        unsupported("ValueError: islice() arguments", BreakReason.EXCEPTION)
+    it = _iter_of(tx, iterable)
+    pos = {"cnt": 0, "next": start}
+
+    def step(tx):
+        if stop is not None and pos["next"] >= stop:
+            return None
+        while pos["cnt"] < pos["next"]:
+            if it.next(tx) is None:
+                return None
+            pos["cnt"] += 1
+        item = it.next(tx)
+        if item is None:
+            return None
+        pos["cnt"] += 1
+        pos["next"] += stride
+        if stop is not None and pos["next"] > stop:
+            pos["next"] = stop
+        return item
+    return _lazy(step)
 
 
 def _chain_from_iterable(tx, iterables):
-    return _chain(tx, *_items(tx, iterables))
+    return _chain_over(tx, _iter_of(tx, iterables))
 
 
 def _reduce(tx, fn, iterable, *initial):

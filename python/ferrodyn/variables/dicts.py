@@ -311,7 +311,8 @@ def _update(tx, d, other=None, **kwargs):
         if isinstance(other, DictVariable):
             items.update(other.state.items)
         else:
-            for pair in other.unpack(tx):
+            from ferrodyn.variables.lists import each_item
+            for pair in each_item(tx, other):  # inserted one by one, as CPython does
                 k, v = tx.realize(pair).unpack(tx)
                 items[dict_key(tx, k)] = v
     items.update(kwargs)

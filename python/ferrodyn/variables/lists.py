@@ -249,12 +249,26 @@ class IteratorVariable(VariableTracker):
         return False
 
 
+def each_item(tx, iterable: VariableTracker):
+    """The items iterating `iterable` produces, taken one at a time as CPython takes them: a
+    lazy iterator (a generator) runs only as far as its consumer has got, so a consumer that
+    grows a container item by item (`list.extend`, `dict.update`) is seen by the producer."""
+    it = tx.realize(iterable).iterator(tx)
+    if not isinstance(it, IteratorVariable):
+        yield from it.unpack(tx)
+        return
+    while (item := it.next(tx)) is not None:
+        yield item
+
+
 def reversed_iterator(tx, seq: VariableTracker) -> IteratorVariable:
     """`reversed(seq)`: live for lists (CPython's listreviterator: index from len-1 down,
     stops when the index leaves the list), live and mutation-checked for dicts and their
     views, a snapshot for immutable sequences."""
     from ferrodyn.variables.dicts import DictVariable, DictViewVariable
     seq = tx.realize(seq)
+    if isinstance(seq, IteratorVariable):  # no __reversed__, not a sequence
+        unsupported(f"TypeError: {seq.describe()} is not reversible", BreakReason.EXCEPTION)
     if isinstance(seq, ListVariable):
         items = seq.state.items
         pos = [len(items) - 1]
@@ -359,7 +373,12 @@ def _append(tx, seq, value):
 
 
 def _extend(tx, seq, other):
-    seq.mutable().extend(other.unpack(tx))
+    other = tx.realize(other)
+    if isinstance(other, _SequenceBase):  # CPython's fast path: a snapshot (`xs.extend(xs)`)
+        seq.mutable().extend(other.unpack(tx))
+        return _const(None)
+    for item in each_item(tx, other):  # appended one by one, as list_extend does
+        seq.mutable().append(item)
     return _const(None)
 
 
