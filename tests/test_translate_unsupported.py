@@ -51,8 +51,9 @@ def generator_fn(x):
 
 
 def uses_generator(x):
-    g = generator_fn(x)  # LINE
-    return next(g)
+    g = generator_fn(x)  # traced (variables/generators.py); throw() is refused
+    next(g)
+    return g.throw(ValueError)  # LINE
 
 
 class Logged(threading.local):  # a __setattr__ in C (per-thread storage): refused

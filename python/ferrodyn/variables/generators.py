@@ -41,7 +41,6 @@ from ferrodyn.variables.lists import IteratorVariable, IterState
 MAX_YIELDS = 4096
 
 
-
 class GeneratorFrame:
     """The body of one generator, in a translator that is suspended at each `yield`."""
 
