@@ -22,7 +22,9 @@ class BreakReason(enum.Enum):
     SIDE_EFFECT = ("mutation of state outside the frame that cannot be replayed", "return the value instead of mutating")
     EXCEPTION = ("exception handling / raising inside the traced code", "")
     UNSUPPORTED_TYPE = ("a value of a type the converter does not model", "")
-    GENERATOR = ("generators and coroutines are not traced", "")
+    GENERATOR = ("a generator or coroutine used in a way the converter does not model "
+                 "(throw, escaping the frame, left suspended where close() runs code, async)",
+                 "consume the generator inside the compiled function")
     RECURSION_LIMIT = ("inlining went too deep", "")
     GRAPH_BREAK = ("explicit graph break (ferrodyn.graph_break / torch._dynamo.graph_break)", "")
     OTHER = ("unsupported construct", "")
