@@ -7,6 +7,7 @@ a generator left suspended where close() would run code, an infinite generator d
 correctly, eagerly or around a graph break."""
 
 import collections.abc
+import contextlib
 import copy
 
 import pytest
@@ -379,6 +380,21 @@ def reversed_generator(x):
         return x - 1
 
 
+@contextlib.contextmanager
+def logged_cm(x, log):
+    try:
+        yield x + 1
+    finally:
+        log.append("exit")
+
+
+def entered_never_exited(x, log):
+    cm = logged_cm(x, log)
+    value = cm.__enter__()
+    del cm  # CPython closes the generator here: its finally runs
+    return value, list(log)
+
+
 def throw_into(x):
     g = scaled(x, 3)
     next(g)
@@ -396,6 +412,7 @@ def throw_into(x):
     (close_runs_finally, ([],), "close() of generator"),
     (throw_into, (), "generator.throw"),
     (reversed_generator, (), "not reversible"),
+    (entered_never_exited, ([],), "left suspended"),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_refused_uses_run_as_eager(fn, args, words):
     """Results (and state) equal eager's; the refusal is explained."""

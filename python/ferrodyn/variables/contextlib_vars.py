@@ -63,6 +63,7 @@ class GeneratorContextManagerVariable(VariableTracker):
         bound = bind_args(code, fn.name(), list(self.args), dict(self.kwargs),
                           fn.defaults(tx), fn.kwdefaults(tx))
         st.frame, st.stage = GeneratorFrame(tx, fn, bound), "entered"
+        st.frame.check_closed_at_end(tx)  # entered and never exited: its finally is pending
         value = st.frame.resume(tx)
         if value is None:
             unsupported("RuntimeError: generator didn't yield", BreakReason.EXCEPTION)

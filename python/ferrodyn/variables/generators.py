@@ -111,6 +111,11 @@ class GeneratorFrame:
         self.in_handler = _close_runs_code(child)
         return child.yielded
 
+    def check_closed_at_end(self, tx) -> None:
+        """Refuse, when the trace ends (or breaks), if this generator is left suspended where
+        its close() (at garbage collection) would run code of its body."""
+        tx.output.side_effects.checks.append(lambda: _check_closed(self))
+
     def close(self) -> None:
         """`close()`: nothing runs unless the body is suspended where GeneratorExit would reach
         its code (refused)."""
@@ -199,8 +204,7 @@ class GeneratorVariable(IteratorVariable):
     @staticmethod
     def make(tx, fn, bound: dict[str, VariableTracker]) -> "GeneratorVariable":
         frame = GeneratorFrame(tx, fn, bound)
-        checks = tx.output.side_effects.checks
-        checks.append(lambda: _check_closed(frame))
+        frame.check_closed_at_end(tx)
         return GeneratorVariable(state=IterState([], step=frame.resume), frame=frame)
 
     def python_type(self):
