@@ -197,6 +197,28 @@ def itertools_are_lazy(x):
     return picked, chained, list(log)
 
 
+def tagged(log, tag, n):
+    for i in range(n):
+        log.append(f"{tag}{i}")
+        yield i
+
+
+def consumers_interleave_with_the_body(x):
+    """zip_longest, pairwise, accumulate, reduce and min/max's key take items (and call their
+    function) one at a time: the log records CPython's order."""
+    import functools
+    import itertools
+    import operator
+    log = []
+    a = list(itertools.zip_longest(tagged(log, "a", 2), tagged(log, "b", 3), fillvalue=-1))
+    b = list(itertools.pairwise(tagged(log, "p", 3)))
+    c = list(itertools.accumulate(tagged(log, "c", 3)))
+    d = list(itertools.accumulate(tagged(log, "d", 2), operator.mul, initial=5))
+    e = functools.reduce(lambda s, v: s + [len(log)], tagged(log, "r", 2), [])
+    f = max(tagged(log, "m", 3), key=lambda v: (log.append("key"), -v)[1])
+    return x + len(log), a, b, c, d, e, f, log
+
+
 def mutates_outside_list(x, shared):
     for y in producer(shared, x):
         shared.append(y.sum().item() if False else "seen")
@@ -205,7 +227,8 @@ def mutates_outside_list(x, shared):
 
 @pytest.mark.parametrize("fn", [body_and_consumer_share_a_list, inplace_between_steps,
                                 short_circuit, containers_grow_item_by_item,
-                                sum_adds_as_it_takes, itertools_are_lazy],
+                                sum_adds_as_it_takes, itertools_are_lazy,
+                                consumers_interleave_with_the_body],
                          ids=lambda f: f.__name__)
 def test_effects_interleave_as_in_cpython(fn):
     check_one_graph_like_torch(fn, _x())

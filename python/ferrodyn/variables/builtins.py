@@ -125,12 +125,17 @@ def _reversed(tx, seq):
 
 def _minmax(fn):
     def handler(tx, *args, key=None, default=None):
-        items = _items(tx, args[0]) if len(args) == 1 else list(args)
+        from ferrodyn.variables.lists import each_item
+        key_fn = None if key is None else tx.realize(key)
+        items, key_vals = [], []
+        for item in (each_item(tx, args[0]) if len(args) == 1 else args):
+            items.append(item)  # the key runs as each item is taken, as in CPython
+            if key_fn is not None:
+                key_vals.append(key_fn.call_function(tx, [item], {}))
         if not items and default is not None:
             return default
         if key is not None:
-            key_fn = tx.realize(key)
-            keys = _consts(tx, [key_fn.call_function(tx, [i], {}) for i in items])
+            keys = _consts(tx, key_vals)
             if keys is None:
                 unsupported(f"{fn.__name__}() by non-constant keys", BreakReason.DATA_DEPENDENT)
             if not items:
@@ -390,39 +395,36 @@ def _chain_from_iterable(tx, iterables):
 
 
 def _reduce(tx, fn, iterable, *initial):
-    fn, items = tx.realize(fn), _items(tx, iterable)
-    if not initial and not items:
+    from ferrodyn.variables.lists import each_item
+    fn = tx.realize(fn)
+    acc = initial[0] if initial else None
+    for item in each_item(tx, iterable):  # fn runs as each item is taken, as in CPython
+        acc = item if acc is None else fn.call_function(tx, [acc, item], {})
+    if acc is None:
         unsupported("TypeError: reduce() of empty iterable with no initial value",
                     BreakReason.EXCEPTION)
-    acc, rest = (initial[0], items) if initial else (items[0], items[1:])
-    for item in rest:
-        acc = fn.call_function(tx, [acc, item], {})
     return acc
 
 
 def _accumulate(tx, iterable, func=None, *, initial=None):
-    items = _items(tx, iterable)
+    from ferrodyn.variables.lists import accumulate_iterator
     fn = None if func is None else tx.realize(func)
-    out = [] if initial is None else [initial]
-    for item in items:
-        if not out:
-            out.append(item)
-            continue
-        out.append(ops.binary_op(tx, operator.add, out[-1], item) if fn is None
-                   else fn.call_function(tx, [out[-1], item], {}))
-    return IteratorVariable.over(out)
+
+    def combine(tx, total, item):
+        if fn is None:
+            return ops.binary_op(tx, operator.add, total, item)
+        return fn.call_function(tx, [total, item], {})
+    return accumulate_iterator(tx, iterable, combine, initial)
 
 
 def _pairwise(tx, iterable):
-    items = _items(tx, iterable)
-    return IteratorVariable.over(TupleVariable(items=(a, b)) for a, b in zip(items, items[1:]))
+    from ferrodyn.variables.lists import pairwise_iterator
+    return pairwise_iterator(tx, iterable)
 
 
 def _zip_longest(tx, *iterables, fillvalue=None):
-    fill = _c(None) if fillvalue is None else fillvalue
-    seqs = [_items(tx, it) for it in iterables]
-    return IteratorVariable.over(TupleVariable(items=t)
-                                 for t in itertools.zip_longest(*seqs, fillvalue=fill))
+    from ferrodyn.variables.lists import zip_longest_iterator
+    return zip_longest_iterator(tx, iterables, _c(None) if fillvalue is None else fillvalue)
 
 
 def _pow(tx, base, exp, mod=None):

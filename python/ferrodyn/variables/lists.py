@@ -321,6 +321,64 @@ def zip_iterator(tx, iterables, strict: bool = False) -> IteratorVariable:
     return IteratorVariable(state=IterState([], step=step))
 
 
+def zip_longest_iterator(tx, iterables, fill: VariableTracker) -> IteratorVariable:
+    """`itertools.zip_longest`: lazy; each step pulls from every unexhausted iterator in
+    order (an exhausted one gives `fill`), until all are exhausted, as CPython does."""
+    inners = [tx.realize(i).iterator(tx) for i in iterables]
+    done = [False] * len(inners)
+
+    def step(tx):
+        out = []
+        for idx, it in enumerate(inners):
+            item = None if done[idx] else it.next(tx)
+            if item is None:
+                done[idx] = True
+                item = fill
+            out.append(item)
+        return None if all(done) else TupleVariable(items=tuple(out))
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def pairwise_iterator(tx, iterable: VariableTracker) -> IteratorVariable:
+    """`itertools.pairwise`: lazy (one item taken per step after the first pair)."""
+    inner = tx.realize(iterable).iterator(tx)
+    last: list = []
+
+    def step(tx):
+        if not last:
+            first = inner.next(tx)
+            if first is None:
+                return None
+            last.append(first)
+        item = inner.next(tx)
+        if item is None:
+            return None
+        pair = TupleVariable(items=(last[0], item))
+        last[0] = item
+        return pair
+    return IteratorVariable(state=IterState([], step=step))
+
+
+def accumulate_iterator(tx, iterable: VariableTracker, combine: Callable,
+                        initial: VariableTracker | None) -> IteratorVariable:
+    """`itertools.accumulate`: lazy; `combine(tx, total, item)` runs as each item is taken."""
+    inner = tx.realize(iterable).iterator(tx)
+    total: list = [] if initial is None else [initial]
+    started = [False]
+
+    def step(tx):
+        if not started[0] and total:
+            started[0] = True
+            return total[0]
+        started[0] = True
+        item = inner.next(tx)
+        if item is None:
+            return None
+        total[:] = [combine(tx, total[0], item) if total else item]
+        return total[0]
+    return IteratorVariable(state=IterState([], step=step))
+
+
 def map_iterator(tx, fn: VariableTracker, iterables) -> IteratorVariable:
     """`map(fn, *iterables)`: lazy; `fn` runs when an item is taken, as in CPython (so calls
     interleave with the loop body's effects in program order)."""
