@@ -136,7 +136,7 @@ def RETURN_GENERATOR(tx, inst):
 @opcode()
 def YIELD_VALUE(tx, inst):
     """Suspend the generator's translator with the value; its consumer resumes it, pushing
-    the value `yield` evaluates to (always None: nothing is sent)."""
+    the value `yield` evaluates to (None for `next()`, the value of `send(value)`)."""
     if tx.generator is None:
         unsupported("yield outside a traced generator", BreakReason.GENERATOR)
     generators.suspend(tx, tx.pop())

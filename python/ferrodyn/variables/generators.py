@@ -290,8 +290,6 @@ def yield_from_iter(tx, v: VariableTracker) -> VariableTracker:
     v = tx.realize(v)
     if isinstance(v, GeneratorVariable):
         return v
-    if v.python_type() in (types.CoroutineType,):
-        unsupported("yield from a coroutine", BreakReason.GENERATOR)
     return v.iterator(tx)
 
 
