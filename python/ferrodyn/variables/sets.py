@@ -27,6 +27,7 @@ reproduces their iteration order. Does not own frozensets of constants read as c
 
 from __future__ import annotations
 
+import itertools
 import operator
 import types
 from dataclasses import dataclass, field
@@ -184,6 +185,8 @@ class SetState:
         from ferrodyn.side_effects import value_out
 
         def arg_out(a):
+            if isinstance(a, _SetArg):
+                return _recipe_out(tx, a.recipe)
             if isinstance(a, tuple):
                 return OutTuple(tuple(arg_out(i) for i in a))
             return value_out(tx, _var_of(a))
@@ -213,7 +216,10 @@ class SetVariable(VariableTracker):
         return frozenset if self.state.frozen else set
 
     def identity(self):
-        return self.state
+        st = self.state
+        if st.mutation_type is MutationType.EXISTING and st.obj is not None:
+            return ("obj", id(st.obj))  # `is` between sets from the frame: the aliasing guard
+        return st
 
     def describe(self):
         n = len(self.state.real) if self.state.real is not None else len(self.state.lazy)
@@ -351,41 +357,106 @@ class SetVariable(VariableTracker):
         return tx.output.side_effects.shared(st, lambda: self._rebuild(tx))
 
     def _rebuild(self, tx):
-        """`cls(tuple)` in first-insertion order when the history was only insertions (run
-        time repeats it); for stable keys, whichever of `cls(tuple)` and `cls(template)` (a
-        copy held by the entry) gives the model's order, checked here on the same keys."""
-        from ferrodyn.side_effects import value_out
         st = self.state
-        cls = frozenset if st.frozen else set
-        keys = st.real
-        if st.inserted is not None or len(keys) <= 1:
-            order = [k for k in st.inserted if k in keys] if st.inserted is not None else list(keys)
-            return OutCall(cls, (OutTuple(tuple(value_out(tx, _var_of(k)) for k in order)),))
-        if not any(isinstance(k, _IdKey) for k in keys) and st.order_known:
-            want = list(keys)
-            if list(cls(want)) == want:
-                return OutCall(cls, (OutTuple(tuple(value_out(tx, _var_of(k)) for k in want)),))
-            template = set(keys)
-            if list(cls(template)) == want:
-                return OutCall(cls, (OutConst(template),))
-            for n in _FILLER_COUNTS:  # a bigger table, as the object's history made it
-                fillers = tuple(range(_FILLER_BASE, _FILLER_BASE + n))
-                if not keys.intersection(fillers) and \
-                        list(rebuild_grown(tuple(want), fillers, st.frozen)) == want:
-                    outs = OutTuple(tuple(value_out(tx, _var_of(k)) for k in want))
-                    return OutCall(rebuild_grown, (outs, OutConst(fillers), OutConst(st.frozen)))
-        unsupported(f"returning a {self.describe()} made in the frame: a rebuilt set would "
-                    f"not iterate in eager's order", BreakReason.UNSUPPORTED_TYPE)
+        recipe = _recipe(st.real, st.inserted, st.order_known, st.frozen)
+        if recipe is None:
+            unsupported(f"returning a {self.describe()} made in the frame: a rebuilt set would "
+                        f"not iterate in eager's order", BreakReason.UNSUPPORTED_TYPE)
+        return _recipe_out(tx, recipe)
+
+
+def _recipe(keys: set, inserted: dict | None, order_known: bool, frozen: bool,
+            order: list | None = None) -> tuple | None:
+    """How to make, at run time, a set (frozenset) that iterates like the model `keys`
+    (`order`: the object's order when the model's layout is not the object's), or None:
+    ("tuple", keys) for `cls(tuple)` when the history was only insertions (run time repeats
+    it) or when that gives the order; ("template", set) for `cls(template)`, a copy held by
+    the entry; ("grown", keys, fillers) for `rebuild_grown`. Every candidate is checked here on
+    the same keys (stable keys hash as at run time)."""
+    cls = frozenset if frozen else set
+    if inserted is not None:
+        return ("tuple", [k for k in inserted if k in keys], frozen)
+    want = order if order is not None else list(keys)
+    if len(want) <= 1:
+        return ("tuple", want, frozen)
+    if any(isinstance(k, _IdKey) for k in want) or (order is None and not order_known):
+        return None
+    template = set(want)
+    if list(cls(template)) == want:
+        return ("template", template, frozen)
+    # Insertion orders into tables grown by fillers (added before or after the keys, then
+    # removed): the object's table may be bigger than a fresh one, and its keys may have
+    # collided in another order.
+    orders = [want, want[::-1]]
+    if len(want) <= 5:
+        orders += [list(p) for p in itertools.permutations(want)]
+    for n in _FILLER_COUNTS:
+        fillers = tuple(range(_FILLER_BASE, _FILLER_BASE + n))
+        if template.intersection(fillers):
+            continue
+        for first in (False, True):
+            for order in orders:
+                if list(rebuild_grown(tuple(order), fillers, frozen, first)) == want:
+                    if not fillers:
+                        return ("tuple", order, frozen)
+                    return ("grown", order, frozen, fillers, first)
+    return None
+
+
+def _recipe_out(tx, recipe: tuple):
+    from ferrodyn.side_effects import value_out
+    kind, keys, frozen = recipe[:3]
+    cls = frozenset if frozen else set
+    if kind == "template":
+        return OutCall(cls, (OutConst(keys),))
+    outs = OutTuple(tuple(value_out(tx, _var_of(k)) for k in keys))
+    if kind == "tuple":
+        return OutCall(cls, (outs,))
+    return OutCall(rebuild_grown, (outs, OutConst(recipe[3]), OutConst(frozen),
+                                   OutConst(recipe[4])))
+
+
+@dataclass(frozen=True, eq=False)
+class _SetArg:
+    """A set argument of an operation replayed on an EXISTING set, as it was when the operation
+    ran: rebuilt by a recipe with the same iteration order and size (all that CPython's merge,
+    intersection and symmetric difference read of their argument)."""
+    recipe: tuple
+
+
+def _set_arg(tx, v) -> _SetArg:
+    """Snapshot the set operand `v` for a replayed operation, or refuse."""
+    v = tx.realize(v)
+    if isinstance(v, ConstantVariable):
+        recipe = _recipe(set(v.value), None, v.source is None, False, order=list(v.value)) \
+            if v.source is None else None
+    else:
+        st = v.state
+        if st.mutation_type is MutationType.EXISTING and not st.ops and st.lazy is not None:
+            items = v._realize(tx)
+            recipe = _recipe(st.real, None, True, False, order=[key_of(tx, i) for i in items])
+        else:
+            inserted = dict(st.inserted) if st.inserted is not None else None
+            recipe = _recipe(set(v.keys(tx)), inserted, _order_known(v), False,
+                             order=None if inserted is not None or not _order_known(v)
+                             else list(v.keys(tx)))
+    if recipe is None:
+        unsupported("a set operation with a set argument on a set from outside the frame: "
+                    "the argument's order cannot be reproduced when the operation is replayed",
+                    BreakReason.SIDE_EFFECT)
+    return _SetArg(recipe)
 
 
 _FILLER_BASE = -(2 ** 40)
-_FILLER_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256)
+_FILLER_COUNTS = (0, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def rebuild_grown(keys: tuple, fillers: tuple, frozen: bool):
-    """A set of `keys` whose table was grown by `fillers`, then rid of them (called by entries
-    to rebuild a set whose order depends on its table size)."""
-    s = set(keys)
+def rebuild_grown(keys: tuple, fillers: tuple, frozen: bool, first: bool):
+    """A set of `keys` (inserted in this order) whose table was grown by `fillers` (added
+    before the keys when `first`, else after), then rid of them (called by entries to rebuild
+    a set whose order depends on its history)."""
+    s = set(fillers) if first else set()
+    s.update(keys)
     s.update(fillers)
     s.difference_update(fillers)
     return frozenset(s) if frozen else s
@@ -394,7 +465,8 @@ def rebuild_grown(keys: tuple, fillers: tuple, frozen: bool):
 # ---- methods --------------------------------------------------------------------------------
 
 _REPLAYABLE = frozenset({"add", "discard", "remove", "clear", "pop", "update",
-                         "difference_update", "intersection_update"})
+                         "difference_update", "intersection_update",
+                         "symmetric_difference_update"})
 
 
 def _none():
@@ -410,10 +482,8 @@ def _update(tx, s, *others):
     for o in others:
         ks = elements(tx, o)
         if _is_set_kind(ks):
-            if s.state.mutation_type is MutationType.EXISTING:
-                unsupported("set.update with a set argument on a set from outside the frame "
-                            "(its merge order cannot be replayed exactly)", BreakReason.SIDE_EFFECT)
-            s.mutable(tx, "update").update(ks)
+            args = (_set_arg(tx, o),) if s.state.mutation_type is MutationType.EXISTING else ()
+            s.mutable(tx, "update", args).update(ks)
             s.state.order_known = s.state.order_known and _order_known(o)
         else:
             s.add_keys(tx, ks)
@@ -467,10 +537,9 @@ def _bulk_update(op: Callable):
         args = [elements(tx, o) for o in others]
         _note_identity(tx, [k for a in args for k in a] + list(s.keys(tx)))
         existing = s.state.mutation_type is MutationType.EXISTING
-        if existing and any(_is_set_kind(a) for a in args) and name == "intersection_update":
-            unsupported("set.intersection_update with a set argument on a set from outside "
-                        "the frame", BreakReason.SIDE_EFFECT)
-        real = s.mutable(tx, name, tuple(tuple(a) for a in args))
+        replayed = tuple(_set_arg(tx, o) if existing and _is_set_kind(a) else tuple(a)
+                         for o, a in zip(others, args)) if existing else ()
+        real = s.mutable(tx, name, replayed)
         op(real, *args)
         if name == "intersection_update" and any(_is_set_kind(a) for a in args):
             s.state.order_known = s.state.order_known and all(_order_known(o) for o in others)
@@ -577,11 +646,8 @@ def set_binary(tx, fn, a, b) -> VariableTracker | None:
     a_frozen = not isinstance(a, SetVariable) or a.state.frozen
     if method is not None and isinstance(a, SetVariable) and not a.state.frozen:
         st = a.state
-        if st.mutation_type is MutationType.EXISTING and method in ("update", "intersection_update",
-                                                                    "symmetric_difference_update"):
-            unsupported(f"in-place set operator {fn.__name__} on a set from outside the frame "
-                        f"(its layout cannot be replayed exactly)", BreakReason.SIDE_EFFECT)
-        real = a.mutable(tx, method, (tuple(kb),) if method == "difference_update" else ())
+        args = (_set_arg(tx, b),) if st.mutation_type is MutationType.EXISTING else ()
+        real = a.mutable(tx, method, args)
         getattr(set, method)(real, kb)
         if method != "difference_update":
             st.order_known = st.order_known and _order_known(b)
@@ -611,32 +677,49 @@ def set_compare(tx, fn, a, b) -> VariableTracker | None:
 # ---- sets from the frame ----------------------------------------------------------------------
 
 def build_set(tx, value, source, existing: dict) -> VariableTracker:
-    """A set or frozenset read from `source` (builder.py). Constants: TYPE_MATCH + EQUALS on
-    the whole (membership and size need nothing else); a frozenset of constants stays a
-    constant, with each element's position guarded when it has more than one (an equal
-    frozenset may iterate in another order). Anything else: TYPE_MATCH + LENGTH, its elements
-    lazy through `SetItemSource` (each guarded as the builder guards its type when used)."""
+    """A set or frozenset read from `source` (builder.py): TYPE_MATCH + LENGTH, and each element
+    reached through `SetItemSource` (its position in the object's order). Constant elements
+    are guarded at once (type and value, or identity for enum members and other constants), so
+    membership, order and contents are all pinned; a frozenset of constants stays a constant.
+    Other elements (tensors, objects) stay lazy until the trace needs them, then are guarded as
+    the builder guards their type."""
     from ferrodyn.guard_spec import GuardKind
     from ferrodyn.source import SetItemSource
     from ferrodyn.variables.base import LazyVariable
     t = type(value)
     guard = tx.output.install_guard
     guard(source, GuardKind.TYPE_MATCH, t)
+    guard(source, GuardKind.LENGTH, len(value))
     constant = all(is_constant_value(v) for v in value)
-    if constant:
-        guard(source, GuardKind.EQUALS, frozenset(value))
-        if t is frozenset:
-            if len(value) > 1:
-                from ferrodyn.variables.builder import build
-                for i, v in enumerate(value):
-                    build(tx, v, SetItemSource(source, i))
-            return ConstantVariable(source=source, value=value)
-    else:
-        guard(source, GuardKind.LENGTH, len(value))
-    lazy = tuple(LazyVariable(source=SetItemSource(source, i), value=v)
-                 for i, v in enumerate(value))
+    items = []
+    for i, v in enumerate(value):
+        src = SetItemSource(source, i)
+        if constant:
+            _guard_constant(tx, src, v)
+            items.append(ConstantVariable(source=src, value=v))
+        else:
+            items.append(LazyVariable(source=src, value=v))
+    if t is frozenset and constant:
+        return ConstantVariable(source=source, value=value)
     if t is frozenset:
         existing = dict(existing, mutation_type=MutationType.EXISTING)
-    state = SetState(set(value) if constant else None, frozen=t is frozenset, lazy=lazy,
-                     order_known=False, inserted=None, **existing)
+    state = SetState(set(value) if constant else None, frozen=t is frozenset, lazy=tuple(items),
+                     positional=tuple(items) if constant else None, order_known=False,
+                     inserted=None, **existing)
     return SetVariable(source=source, state=state)
+
+
+_EQUALS_TYPES = (bool, int, float, str, bytes)
+
+
+def _guard_constant(tx, source, v) -> None:
+    from ferrodyn.guard_spec import GuardKind
+    guard = tx.output.install_guard
+    if v is None:
+        guard(source, GuardKind.NONE)
+    elif type(v) in _EQUALS_TYPES or type(v) is tuple and \
+            all(type(i) in _EQUALS_TYPES or i is None for i in v):
+        guard(source, GuardKind.TYPE_MATCH, type(v))
+        guard(source, GuardKind.EQUALS, v)
+    else:  # enum members, dtypes, nested frozensets: the same object (equal ones recompile)
+        guard(source, GuardKind.ID_MATCH, v)
