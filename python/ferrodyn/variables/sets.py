@@ -1,139 +1,37 @@
 """Set trackers: `set` and `frozenset` of any hashable the converter can model exactly.
 
-Owns `SetVariable` (a set or, `frozen`, a frozenset) and its model. The model is a real Python
-set of *keys* that replays the program's operations, so membership, size and (where it is
-knowable) iteration order are eager's:
-- constants (ints, strs, enums, tuples, frozensets of them) and objects pinned by identity
-  guards (functions, classes, builtins, modules) are their own keys: they hash as at run time,
-  so they are *stable* keys;
-- tensors, user objects and nn.Modules whose class keeps `object.__hash__`/`object.__eq__`
-  (CPython hashes them by identity) are `_IdKey`s: equal only to a key of the same object (a
-  set lookup compares identity first; two live objects never share an identity hash, so a
-  tensor's `__eq__` is never called). Their run-time hash (an address) is unknown at trace
-  time, so the order of a set holding them is not knowable. Classes with their own `__hash__`
-  or `__eq__` are refused (their methods would run).
-Iteration (and `pop`) is exact or refused: sets made in the frame iterate in the model's order
-when every key is stable and the model replayed the whole history (`order_known`); a set from
-the frame iterates positionally, each element reached through `SetItemSource` (guarded on its
-position), while the frame has not mutated it; one element is always fine.
-Sets from the frame are EXISTING: mutations (`add`, `discard`, `remove`, `pop` of one element,
-`clear`, and bulk updates whose C path is reproduced by a tuple argument) are recorded in the
-SideEffects table and replayed on the real set as the same operations, in program order;
-membership by identity makes the trace identity-sensitive (the aliasing guard pins which
-objects are which). New sets that escape are rebuilt `set(tuple)` only when that provably
-reproduces their iteration order. Does not own frozensets of constants read as constants
-(constant.py) or `a in b` dispatch (opcodes).
+Owns `SetVariable` (a set or, `frozen`, a frozenset), its methods and operators, and sets read
+from the frame (`build_set`). The model is a real Python set of keys (set_model.py) that
+replays the program's operations, so membership and size are eager's, and so is iteration
+order where it is knowable; where it is not, iteration and `pop` are refused:
+- a set made in the frame iterates in the model's order when every key is stable and the model
+  replayed the whole history (`order_known`); a set of tensors or objects (their run-time
+  addresses decide the order) iterates only with one element;
+- a set from the frame iterates positionally (each element reached through `SetItemSource`,
+  guarded on its position) while the frame has not mutated it.
+Sets from the frame are EXISTING: mutations (`add`, `discard`, `remove`, `pop` of one
+element, `clear`, updates, in-place operators) are recorded in the SideEffects table and
+replayed on the real set as the same operations in program order, set arguments rebuilt with
+their iteration order (`_SetArg`: CPython's merge reads it); membership by identity makes the
+trace identity-sensitive (the aliasing guard pins which objects are which). A new set that
+escapes is rebuilt only by a recipe that provably reproduces its iteration order.
+Does not own keys and rebuild recipes (set_model.py) or `a in b` dispatch (opcodes).
 """
 
 from __future__ import annotations
 
-import itertools
 import operator
-import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.side_effects import MutationType, apply_set_ops
-from ferrodyn.trace_result import OutCall, OutConst, OutSource, OutTuple
+from ferrodyn.trace_result import OutConst, OutSource, OutTuple
 from ferrodyn.variables.base import (NotConstant, VariableTracker, instance_has_attr,
                                      unsupported)
-from ferrodyn.variables.constant import ConstantVariable, fold, is_constant_value
-
-
-# ---- keys -----------------------------------------------------------------------------------
-
-class _IdKey:
-    """The key of an identity-hashed object in a set model: equal only to the same object."""
-
-    __slots__ = ("ident", "var", "_hash")
-
-    def __init__(self, ident: Any, var: VariableTracker):
-        self.ident = ident
-        self.var = var
-        self._hash = hash(ident) if isinstance(ident, tuple) else id(ident)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: Any) -> Any:
-        if not isinstance(other, _IdKey):
-            return NotImplemented
-        if isinstance(self.ident, tuple) or isinstance(other.ident, tuple):
-            return self.ident == other.ident
-        return self.ident is other.ident
-
-    def __repr__(self) -> str:
-        return f"<{self.var.describe()}>"
-
-
-_IDENTITY_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType,
-                   types.MethodDescriptorType, types.WrapperDescriptorType)
-
-
-def _hash_is_identity(cls: type) -> bool:
-    return getattr(cls, "__hash__", None) is object.__hash__ and cls.__eq__ is object.__eq__
-
-
-def _hash_safe(value: Any) -> bool:
-    """Whether hashing/comparing `value` runs no user code and gives its run-time hash."""
-    if is_constant_value(value):
-        return True
-    if type(value) in (tuple, frozenset):
-        return all(_hash_safe(v) for v in value)
-    if isinstance(value, type):
-        return _hash_is_identity(type(value))
-    return isinstance(value, _IDENTITY_TYPES)
-
-
-def key_of(tx, v: VariableTracker) -> Any:
-    """The model key of set element `v` (refuses what the model cannot hash exactly)."""
-    v = tx.realize(v)
-    if isinstance(v, SetVariable):
-        if v.state.frozen and v.stable_constant():
-            return frozenset(v.state.real)
-        if not v.state.frozen:
-            unsupported("unhashable type: 'set'", BreakReason.EXCEPTION)
-        unsupported(f"a {v.describe()} of tensors or objects as a set element",
-                    BreakReason.UNSUPPORTED_TYPE)
-    try:
-        value = v.as_python_constant()
-    except NotConstant:
-        value = _NOT_CONSTANT
-    if value is not _NOT_CONSTANT:
-        fold(hash, value)  # unhashable: eager raises TypeError
-        if _hash_safe(value):
-            return value
-        unsupported(f"set element {v.describe()}: hashing it runs user code",
-                    BreakReason.UNSUPPORTED_TYPE)
-    from ferrodyn.variables.tensor import TensorVariable
-    from ferrodyn.variables.user_objects import NewObjectVariable, UserObjectVariable
-    if isinstance(v, TensorVariable):
-        return _IdKey(v.identity(), v)
-    if isinstance(v, (UserObjectVariable, NewObjectVariable)):
-        cls = v.obj_type()
-        if _hash_is_identity(cls):
-            return _IdKey(v.identity(), v)
-        unsupported(f"set element of class {cls.__name__}, which defines __hash__ or __eq__",
-                    BreakReason.UNSUPPORTED_TYPE)
-    unsupported(f"set element {v.describe()}", BreakReason.UNSUPPORTED_TYPE)
-
-
-_NOT_CONSTANT = object()
-
-
-def _var_of(key: Any) -> VariableTracker:
-    if isinstance(key, _IdKey):
-        return key.var
-    from ferrodyn.variables.builder import build_unsourced
-    return build_unsourced(key)
-
-
-def _note_identity(tx, keys) -> None:
-    """A membership answer that depends on which objects are which is pinned by the
-    aliasing guard over every Source the trace reached."""
-    if any(isinstance(k, _IdKey) for k in keys):
-        tx.output.side_effects.identity_sensitive = True
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
+from ferrodyn.variables.set_model import (IdKey, key_of, note_identity, recipe, recipe_out,
+                                          var_of)
 
 
 def elements(tx, v: VariableTracker):
@@ -186,10 +84,10 @@ class SetState:
 
         def arg_out(a):
             if isinstance(a, _SetArg):
-                return _recipe_out(tx, a.recipe)
+                return recipe_out(tx, a.recipe)
             if isinstance(a, tuple):
                 return OutTuple(tuple(arg_out(i) for i in a))
-            return value_out(tx, _var_of(a))
+            return value_out(tx, var_of(a))
         ops = OutTuple(tuple(OutTuple((OutConst(name), OutTuple(tuple(arg_out(a) for a in args))))
                              for name, args in self.ops))
         return apply_set_ops, (OutSource(self.source), ops)
@@ -244,7 +142,7 @@ class SetVariable(VariableTracker):
 
     def stable_constant(self) -> bool:
         st = self.state
-        return st.real is not None and not any(isinstance(k, _IdKey) for k in st.real)
+        return st.real is not None and not any(isinstance(k, IdKey) for k in st.real)
 
     def as_python_constant(self):
         """A copy, only where it iterates in the object's order (folding may iterate it)."""
@@ -264,7 +162,7 @@ class SetVariable(VariableTracker):
         kinds = {str if type(k) is str else int if type(k) in (int, bool) else None for k in keys}
         if len(kinds) > 1 or None in kinds:
             return None
-        return [_var_of(k) for k in keys]
+        return [var_of(k) for k in keys]
 
     def order_of(self, tx, what: str) -> list:
         """The elements in iteration order, or a refusal saying why the order is unknowable."""
@@ -277,13 +175,13 @@ class SetVariable(VariableTracker):
                 unsupported(f"{what} a set from outside the frame after the frame mutated it "
                             f"(the object's order depends on its history)",
                             BreakReason.UNSUPPORTED_TYPE)
-            if any(isinstance(k, _IdKey) for k in keys):
+            if any(isinstance(k, IdKey) for k in keys):
                 unsupported(f"{what} a set of tensors or objects (its order depends on their "
                             f"addresses at run time)", BreakReason.UNSUPPORTED_TYPE)
             if not st.order_known:
                 unsupported(f"{what} a set copied from a set from outside the frame (its "
                             f"order is not known)", BreakReason.UNSUPPORTED_TYPE)
-        return [_var_of(k) for k in keys]
+        return [var_of(k) for k in keys]
 
     def mutable(self, tx, op: str, args: tuple = (), insertion: bool = False) -> set:
         """The model to mutate with `op`: recorded for EXISTING sets, which refuse operations
@@ -327,7 +225,7 @@ class SetVariable(VariableTracker):
     def contains(self, tx, item):
         key = key_of(tx, item)
         keys = self.keys(tx)
-        _note_identity(tx, [key, *keys])
+        note_identity(tx, [key, *keys])
         return key in keys
 
     def var_getattr(self, tx, name):
@@ -358,62 +256,11 @@ class SetVariable(VariableTracker):
 
     def _rebuild(self, tx):
         st = self.state
-        recipe = _recipe(st.real, st.inserted, st.order_known, st.frozen)
-        if recipe is None:
+        rec = recipe(st.real, st.inserted, st.order_known, st.frozen)
+        if rec is None:
             unsupported(f"returning a {self.describe()} made in the frame: a rebuilt set would "
                         f"not iterate in eager's order", BreakReason.UNSUPPORTED_TYPE)
-        return _recipe_out(tx, recipe)
-
-
-def _recipe(keys: set, inserted: dict | None, order_known: bool, frozen: bool,
-            order: list | None = None) -> tuple | None:
-    """How to make, at run time, a set (frozenset) that iterates like the model `keys`
-    (`order`: the object's order when the model's layout is not the object's), or None:
-    ("tuple", keys) for `cls(tuple)` when the history was only insertions (run time repeats
-    it) or when that gives the order; ("template", set) for `cls(template)`, a copy held by
-    the entry; ("grown", keys, fillers) for `rebuild_grown`. Every candidate is checked here on
-    the same keys (stable keys hash as at run time)."""
-    cls = frozenset if frozen else set
-    if inserted is not None:
-        return ("tuple", [k for k in inserted if k in keys], frozen)
-    want = order if order is not None else list(keys)
-    if len(want) <= 1:
-        return ("tuple", want, frozen)
-    if any(isinstance(k, _IdKey) for k in want) or (order is None and not order_known):
-        return None
-    template = set(want)
-    if list(cls(template)) == want:
-        return ("template", template, frozen)
-    # Insertion orders into tables grown by fillers (added before or after the keys, then
-    # removed): the object's table may be bigger than a fresh one, and its keys may have
-    # collided in another order.
-    orders = [want, want[::-1]]
-    if len(want) <= 5:
-        orders += [list(p) for p in itertools.permutations(want)]
-    for n in _FILLER_COUNTS:
-        fillers = tuple(range(_FILLER_BASE, _FILLER_BASE + n))
-        if template.intersection(fillers):
-            continue
-        for first in (False, True):
-            for order in orders:
-                if list(rebuild_grown(tuple(order), fillers, frozen, first)) == want:
-                    if not fillers:
-                        return ("tuple", order, frozen)
-                    return ("grown", order, frozen, fillers, first)
-    return None
-
-
-def _recipe_out(tx, recipe: tuple):
-    from ferrodyn.side_effects import value_out
-    kind, keys, frozen = recipe[:3]
-    cls = frozenset if frozen else set
-    if kind == "template":
-        return OutCall(cls, (OutConst(keys),))
-    outs = OutTuple(tuple(value_out(tx, _var_of(k)) for k in keys))
-    if kind == "tuple":
-        return OutCall(cls, (outs,))
-    return OutCall(rebuild_grown, (outs, OutConst(recipe[3]), OutConst(frozen),
-                                   OutConst(recipe[4])))
+        return recipe_out(tx, rec)
 
 
 @dataclass(frozen=True, eq=False)
@@ -428,38 +275,23 @@ def _set_arg(tx, v) -> _SetArg:
     """Snapshot the set operand `v` for a replayed operation, or refuse."""
     v = tx.realize(v)
     if isinstance(v, ConstantVariable):
-        recipe = _recipe(set(v.value), None, v.source is None, False, order=list(v.value)) \
+        rec = recipe(set(v.value), None, v.source is None, False, order=list(v.value)) \
             if v.source is None else None
     else:
         st = v.state
         if st.mutation_type is MutationType.EXISTING and not st.ops and st.lazy is not None:
             items = v._realize(tx)
-            recipe = _recipe(st.real, None, True, False, order=[key_of(tx, i) for i in items])
+            rec = recipe(st.real, None, True, False, order=[key_of(tx, i) for i in items])
         else:
             inserted = dict(st.inserted) if st.inserted is not None else None
-            recipe = _recipe(set(v.keys(tx)), inserted, _order_known(v), False,
+            rec = recipe(set(v.keys(tx)), inserted, _order_known(v), False,
                              order=None if inserted is not None or not _order_known(v)
                              else list(v.keys(tx)))
-    if recipe is None:
+    if rec is None:
         unsupported("a set operation with a set argument on a set from outside the frame: "
                     "the argument's order cannot be reproduced when the operation is replayed",
                     BreakReason.SIDE_EFFECT)
-    return _SetArg(recipe)
-
-
-_FILLER_BASE = -(2 ** 40)
-_FILLER_COUNTS = (0, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-def rebuild_grown(keys: tuple, fillers: tuple, frozen: bool, first: bool):
-    """A set of `keys` (inserted in this order) whose table was grown by `fillers` (added
-    before the keys when `first`, else after), then rid of them (called by entries to rebuild
-    a set whose order depends on its history)."""
-    s = set(fillers) if first else set()
-    s.update(keys)
-    s.update(fillers)
-    s.difference_update(fillers)
-    return frozenset(s) if frozen else s
+    return _SetArg(rec)
 
 
 # ---- methods --------------------------------------------------------------------------------
@@ -492,7 +324,7 @@ def _update(tx, s, *others):
 
 def _discard(tx, s, value):
     key = key_of(tx, value)
-    _note_identity(tx, [key, *s.keys(tx)])
+    note_identity(tx, [key, *s.keys(tx)])
     s.mutable(tx, "discard", (key,)).discard(key)
     return _none()
 
@@ -504,7 +336,7 @@ def raise_key_error(tx, value: VariableTracker):
 
 def _remove(tx, s, value):
     key = key_of(tx, value)
-    _note_identity(tx, [key, *s.keys(tx)])
+    note_identity(tx, [key, *s.keys(tx)])
     if key not in s.keys(tx):
         raise_key_error(tx, value)
     s.mutable(tx, "remove", (key,)).remove(key)
@@ -520,7 +352,7 @@ def _pop(tx, s):
             unsupported("set.pop on a set from outside the frame with more than one element "
                         "(which one depends on the object's history)", BreakReason.UNSUPPORTED_CALL)
         s.order_of(tx, "set.pop on")  # refuses where the model's order is not eager's
-    return _var_of(s.mutable(tx, "pop").pop())
+    return var_of(s.mutable(tx, "pop").pop())
 
 
 def _clear(tx, s):
@@ -535,7 +367,7 @@ def _bulk_update(op: Callable):
 
     def handler(tx, s, *others):
         args = [elements(tx, o) for o in others]
-        _note_identity(tx, [k for a in args for k in a] + list(s.keys(tx)))
+        note_identity(tx, [k for a in args for k in a] + list(s.keys(tx)))
         existing = s.state.mutation_type is MutationType.EXISTING
         replayed = tuple(_set_arg(tx, o) if existing and _is_set_kind(a) else tuple(a)
                          for o, a in zip(others, args)) if existing else ()
@@ -563,7 +395,7 @@ def _pure(op: Callable, returns_set: bool = True):
             return s  # frozenset.copy() is the object itself
         args = [elements(tx, o) for o in others]
         keys = s.keys(tx)
-        _note_identity(tx, [k for a in args for k in a] + list(keys))
+        note_identity(tx, [k for a in args for k in a] + list(keys))
         result = op(keys, *args)
         if not returns_set:
             return ConstantVariable(value=result)
@@ -642,7 +474,7 @@ def set_binary(tx, fn, a, b) -> VariableTracker | None:
     ka, kb = _set_operand(tx, a), _set_operand(tx, b)
     if ka is None or kb is None:
         unsupported(f"set operator {base.__name__} with a non-set operand", BreakReason.EXCEPTION)
-    _note_identity(tx, [*ka, *kb])
+    note_identity(tx, [*ka, *kb])
     a_frozen = not isinstance(a, SetVariable) or a.state.frozen
     if method is not None and isinstance(a, SetVariable) and not a.state.frozen:
         st = a.state
@@ -670,7 +502,7 @@ def set_compare(tx, fn, a, b) -> VariableTracker | None:
         if fn in (operator.eq, operator.ne):
             return ConstantVariable(value=fn is operator.ne)
         unsupported(f"set comparison {fn.__name__} with a non-set operand", BreakReason.EXCEPTION)
-    _note_identity(tx, [*ka, *kb])
+    note_identity(tx, [*ka, *kb])
     return ConstantVariable(value=_COMPARE[fn](set(ka), set(kb)))
 
 
