@@ -508,6 +508,9 @@ def set_compare(tx, fn, a, b) -> VariableTracker | None:
 
 # ---- sets from the frame ----------------------------------------------------------------------
 
+MAX_GUARDED_ELEMENTS = 64  # a SetItemSource read walks the set: guards cost O(n^2)
+
+
 def build_set(tx, value, source, existing: dict) -> VariableTracker:
     """A set or frozenset read from `source` (builder.py): TYPE_MATCH + LENGTH, and each element
     reached through `SetItemSource` (its position in the object's order). Constant elements
@@ -519,6 +522,10 @@ def build_set(tx, value, source, existing: dict) -> VariableTracker:
     from ferrodyn.source import SetItemSource
     from ferrodyn.variables.base import LazyVariable
     t = type(value)
+    if len(value) > MAX_GUARDED_ELEMENTS:
+        unsupported(f"a {t.__name__} of {len(value)} elements at {source.name()} (more than "
+                    f"{MAX_GUARDED_ELEMENTS}: each element's guard reads it by position)",
+                    BreakReason.UNSUPPORTED_TYPE)
     guard = tx.output.install_guard
     guard(source, GuardKind.TYPE_MATCH, t)
     guard(source, GuardKind.LENGTH, len(value))
