@@ -35,7 +35,8 @@ def snap(x: Any, memo: dict | None = None) -> Any:
             return (type(x).__name__, list(x))  # iteration order is part of the state
         # identity-hashed members: their order follows their addresses, which differ per run;
         # snapped in the order of their contents (make the members distinguishable)
-        return (type(x).__name__, [snap(i, memo) for i in sorted(x, key=lambda i: repr(snap(i)))])
+        order = sorted(x, key=lambda i: repr(snap(i, dict(memo))))  # memo copy: cycles stop
+        return (type(x).__name__, [snap(i, memo) for i in order])
     if isinstance(x, torch.nn.Module):
         return ("module", type(x).__name__, snap({k: v for k, v in vars(x).items()
                                                   if not k.startswith("_")}, memo),
