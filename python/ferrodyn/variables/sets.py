@@ -493,15 +493,21 @@ _COMPARE = {operator.le: operator.le, operator.lt: operator.lt, operator.ge: ope
             operator.gt: operator.gt, operator.eq: operator.eq, operator.ne: operator.ne}
 
 
+_NEVER_EQUAL_TO_A_SET = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict)
+
+
 def set_compare(tx, fn, a, b) -> VariableTracker | None:
     """`a <= b` (subset) and friends, `==`/`!=`, when a set tracker is involved."""
     if fn not in _COMPARE:
         return None
     ka, kb = _set_operand(tx, a), _set_operand(tx, b)
     if ka is None or kb is None:
-        if fn in (operator.eq, operator.ne):
+        other = tx.realize(b if ka is not None else a)
+        if fn in (operator.eq, operator.ne) and other.python_type() in _NEVER_EQUAL_TO_A_SET:
             return ConstantVariable(value=fn is operator.ne)
-        unsupported(f"set comparison {fn.__name__} with a non-set operand", BreakReason.EXCEPTION)
+        # dict views, user Set classes, ...: their comparisons are not modelled here
+        unsupported(f"set comparison {fn.__name__} with a {other.describe()}",
+                    BreakReason.UNSUPPORTED_TYPE)
     note_identity(tx, [*ka, *kb])
     return ConstantVariable(value=_COMPARE[fn](set(ka), set(kb)))
 
