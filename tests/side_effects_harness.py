@@ -30,7 +30,13 @@ def snap(x: Any, memo: dict | None = None) -> Any:
     if isinstance(x, dict):
         return ("dict", [(k, snap(v, memo)) for k, v in x.items()])
     if isinstance(x, (set, frozenset)):
-        return (type(x).__name__, list(x))  # iteration order is part of the state
+        if all(isinstance(i, (int, float, str, bool, type(None), bytes, tuple, frozenset))
+               for i in x):
+            return (type(x).__name__, list(x))  # iteration order is part of the state
+        # identity-hashed members: their order follows their addresses, which differ per run;
+        # snapped in the order of their contents (make the members distinguishable)
+        order = sorted(x, key=lambda i: repr(snap(i, dict(memo))))  # memo copy: cycles stop
+        return (type(x).__name__, [snap(i, memo) for i in order])
     if isinstance(x, torch.nn.Module):
         return ("module", type(x).__name__, snap({k: v for k, v in vars(x).items()
                                                   if not k.startswith("_")}, memo),

@@ -185,6 +185,16 @@ STATEMENTS = [
     "CNT += len(G)",
     "r.append(CNT)",
     "d[2] = G",
+    # sets: `s` and `o.tags` may be one set; members by value and by identity
+    "s.add(len(a))",
+    "o.tags.discard(1)",
+    "s.update([len(b), 7])",
+    "r.append(sorted(o.tags))",
+    "r.append(len(a) in s)",
+    "s.add(o)",
+    "r.append(o in o.tags)",
+    "o.tags.discard(o)",
+    "r.append(len(s))",
 ]
 
 
@@ -195,7 +205,7 @@ class Obj:
 def _program(stmts):
     body = "\n".join("    " + s for s in stmts)
     return ("G = []\nCNT = 0\n"
-            f"def f(a, b, d, o, e, x):\n    global CNT\n    r = []\n    kv = d.keys()\n{body}\n"
+            f"def f(a, b, d, o, e, x, s):\n    global CNT\n    r = []\n    kv = d.keys()\n{body}\n"
             "    return x, r\n")
 
 
@@ -206,8 +216,10 @@ def _args(alias_ab, alias_items, alias_e):
         o = g["Obj"]()
         o.n = 0
         o.items = a if alias_items else [5]
+        s = {1, 2}
+        o.tags = s if alias_e else {1}
         e = b if alias_e else []
-        return a, b, {0: 1}, o, e, torch.ones(2)
+        return a, b, {0: 1}, o, e, torch.ones(2), s
     return make
 
 

@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 from ferrodyn import _C
 from ferrodyn.bytecode import CodeBuilder, ExnHandler, Inst, Positions, assemble
 from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSource,
-                             GlobalSource, ItemSource, LenSource, LocalSource, Source,
-                             TypeSource)
+                             GlobalSource, ItemSource, LenSource, LocalSource, SetItemSource,
+                             Source, TypeSource)
 from ferrodyn.symbolic_shapes import TensorPropertySource
 from ferrodyn.trace_result import (Out, OutCall, OutCell, OutConst, OutDict, OutGraph, OutList,
                                    OutShared, OutSource, OutTuple, TraceResult)
@@ -252,6 +252,21 @@ def _load_closure(e: EntryEmitter, s: ClosureSource) -> None:
     e.emit(e.b.load_fast(e.cell_names[s.index]), e.b.load_attr("cell_contents"))
 
 
+def set_item(s: Any, index: int) -> Any:
+    """The `index`-th element of a set in iteration order (SetItemSource)."""
+    for i, v in enumerate(s):
+        if i == index:
+            return v
+    raise IndexError(index)
+
+
+def _load_set_item(e: EntryEmitter, s: SetItemSource) -> None:
+    e.load_callable(set_item)
+    e.load_source(s.base)
+    e.load_value(s.index)
+    e.call(2)
+
+
 def tensor_property(t: Any, prop: str, idx: int) -> Any:
     """`t.size(idx)` / `t.stride(idx)`: a symbolic dim handed to the graph as an input."""
     return getattr(t, prop)(idx)
@@ -275,6 +290,7 @@ SOURCE_LOADERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     ItemSource: _load_item,
     TypeSource: _call_on_base(type),
     LenSource: _call_on_base(len),
+    SetItemSource: _load_set_item,
     TensorPropertySource: _load_tensor_property,
 }
 

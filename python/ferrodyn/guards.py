@@ -20,6 +20,7 @@ from ferrodyn.source import (
     ItemSource,
     LenSource,
     LocalSource,
+    SetItemSource,
     Source,
     TypeSource,
 )
@@ -40,6 +41,7 @@ _ACCESSORS: dict[type, Callable[[Any, Any, Callable[[Source], Any]], Any]] = {
     DictOfSource: lambda b, s, node: b.dict_of(node(s.base)),
     TypeSource: lambda b, s, node: b.type_of(node(s.base)),
     LenSource: lambda b, s, node: b.len_of(node(s.base)),
+    SetItemSource: lambda b, s, node: b.set_item(node(s.base), s.index),
 }
 
 # GuardKind -> how to add its leaf: (builder, node, spec) -> None

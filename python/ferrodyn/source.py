@@ -131,3 +131,13 @@ class LenSource(_Chained):
 
     def name(self) -> str:
         return f"len({self.base.name()})"
+
+
+@source_class
+class SetItemSource(_Chained):
+    """The `index`-th element of a set or frozenset in its iteration order (`list(base)[index]`):
+    how the elements of a set from the frame are reached and guarded."""
+    index: int
+
+    def name(self) -> str:
+        return f"list({self.base.name()})[{self.index}]"

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple};
 
 use super::{GuardInput, Locals};
 use crate::ffi::object as raw;
@@ -29,6 +29,8 @@ pub(crate) enum Access {
     DictOf,
     TypeOf,
     LenOf,
+    /// The `index`-th element of an exact set or frozenset in iteration order.
+    SetItem(usize),
     TensorSize(i64),
     TensorStride(i64),
 }
@@ -83,6 +85,7 @@ pub(crate) enum AccessKey {
     DictOf,
     TypeOf,
     LenOf,
+    SetItem(usize),
     TensorSize(i64),
     TensorStride(i64),
 }
@@ -100,6 +103,7 @@ impl AccessKey {
             AccessKey::DictOf => format!("{parent}.__dict__"),
             AccessKey::TypeOf => format!("type({parent})"),
             AccessKey::LenOf => format!("len({parent})"),
+            AccessKey::SetItem(i) => format!("list({parent})[{i}]"),
             AccessKey::TensorSize(d) => format!("{parent}.size()[{d}]"),
             AccessKey::TensorStride(d) => format!("{parent}.stride()[{d}]"),
         }
@@ -190,6 +194,13 @@ impl Access {
                 let n = parent.len().ok()?;
                 Some(PyInt::new(py, n as u64).into_any())
             }
+            Access::SetItem(i) => {
+                if let Ok(s) = parent.cast_exact::<PySet>() {
+                    return s.iter().nth(*i);
+                }
+                let s = parent.cast_exact::<PyFrozenSet>().ok()?;
+                s.iter().nth(*i)
+            }
             Access::TensorSize(d) => {
                 let v = crate::tensor::size_or_stride(parent, *d, false)?;
                 Some(PyInt::new(py, v).into_any())
@@ -230,6 +241,7 @@ mod tests {
         );
         assert_eq!(AccessKey::TypeOf.source(&l, ""), "type(L['x'])");
         assert_eq!(AccessKey::LenOf.source(&l, ""), "len(L['x'])");
+        assert_eq!(AccessKey::SetItem(2).source(&l, ""), "list(L['x'])[2]");
         assert_eq!(AccessKey::DictOf.source(&l, ""), "L['x'].__dict__");
         assert_eq!(AccessKey::Closure(1).source("", &quote("c")), "C['c']");
     }

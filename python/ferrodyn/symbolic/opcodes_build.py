@@ -118,19 +118,19 @@ def UNPACK_EX(tx, inst):
 
 @opcode()
 def BUILD_SET(tx, inst):
-    from ferrodyn.variables.sets import SetVariable, element
-    tx.push(SetVariable.new(element(tx, v) for v in tx.popn(inst.arg)))
+    from ferrodyn.variables.sets import SetVariable, key_of
+    tx.push(SetVariable.new([key_of(tx, v) for v in tx.popn(inst.arg)]))
 
 
 @opcode()
 def SET_ADD(tx, inst):
-    from ferrodyn.variables.sets import element
+    from ferrodyn.variables.sets import key_of
     v = tx.pop()
-    tx.peek(inst.arg).mutable().add(element(tx, v))
+    tx.realize(tx.peek(inst.arg)).add_keys(tx, [key_of(tx, v)])
 
 
 @opcode()
 def SET_UPDATE(tx, inst):
-    from ferrodyn.variables.sets import elements
+    from ferrodyn.variables.sets import set_update
     v = tx.pop()
-    tx.peek(inst.arg).mutable().update(elements(tx, v))
+    set_update(tx, tx.realize(tx.peek(inst.arg)), v)

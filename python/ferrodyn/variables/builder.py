@@ -111,15 +111,9 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         _guard(tx, source, GuardKind.EQUALS, value)
         return ConstantVariable(source=source, value=value)
-    if t is set and all(is_constant_value(v) for v in value):
-        from ferrodyn.variables.sets import SetState, SetVariable
-        _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        _guard(tx, source, GuardKind.EQUALS, frozenset(value))
-        return SetVariable(source=source, state=SetState(set(value), **_existing(tx, source)))
-    if t is frozenset and is_constant_value(value):
-        _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        _guard(tx, source, GuardKind.EQUALS, value)
-        return ConstantVariable(source=source, value=value)
+    if t in (set, frozenset):
+        from ferrodyn.variables.sets import build_set
+        return build_set(tx, value, source, _existing(tx, source, obj=value))
     if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format):
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)

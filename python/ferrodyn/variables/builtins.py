@@ -259,7 +259,10 @@ def _callable(tx, obj):
 
 
 def _sorted(tx, iterable, key=None, reverse=None):
-    lst = ListVariable.new(_items(tx, iterable))
+    from ferrodyn.variables.sets import SetVariable
+    iterable = tx.realize(iterable)
+    items = iterable.unordered(tx) if isinstance(iterable, SetVariable) and key is None else None
+    lst = ListVariable.new(items if items is not None else _items(tx, iterable))
     from ferrodyn.variables.lists import _sort
     _sort(tx, lst, key, reverse)
     return lst
@@ -307,13 +310,13 @@ def _partial(tx, func, *args, **kwargs):
 
 
 def _set(tx, iterable=None):
-    from ferrodyn.variables.sets import SetVariable, elements
-    return SetVariable.new(elements(tx, iterable) if iterable is not None else ())
+    from ferrodyn.variables.sets import make_set
+    return make_set(tx, iterable)
 
 
 def _frozenset(tx, iterable=None):
-    from ferrodyn.variables.sets import elements
-    return _c(frozenset(elements(tx, iterable) if iterable is not None else ()))
+    from ferrodyn.variables.sets import make_set
+    return make_set(tx, iterable, frozen=True)
 
 
 def _lazy(step) -> IteratorVariable:

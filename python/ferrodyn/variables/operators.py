@@ -196,6 +196,11 @@ def compare_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Vari
     rich = rich_compare(tx, fn, a, b)
     if rich is not None:
         return rich
+    from ferrodyn.variables.sets import SetVariable, set_compare
+    if isinstance(a, SetVariable) or isinstance(b, SetVariable):
+        res = set_compare(tx, fn, a, b)
+        if res is not None:
+            return res
     if fn in (operator.eq, operator.ne):
         eq = values_equal(tx, a, b)
         return ConstantVariable(value=eq if fn is operator.eq else not eq)
@@ -333,12 +338,13 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
         if isinstance(const.value, tuple) and issubclass(seq.python_type(), tuple):
             return values_equal(tx, TupleVariableFrom(const.value), seq)
         return False
-    from ferrodyn.variables.sets import SetVariable, elements
+    from ferrodyn.variables.sets import SetVariable
     if isinstance(a, SetVariable) or isinstance(b, SetVariable):
         other = b if isinstance(a, SetVariable) else a
         if not issubclass(other.python_type(), (set, frozenset)):
             return False
-        return elements(tx, a) == elements(tx, b)
+        from ferrodyn.variables.sets import set_compare
+        return set_compare(tx, operator.eq, a, b).value
     if isinstance(a, DictVariable) and isinstance(b, DictVariable):
         ka, kb = a.state.items, b.state.items
         return ka.keys() == kb.keys() and all(
