@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ferrodyn import dynamic, symbolic_shapes
 from ferrodyn.exc import BreakReason
@@ -39,7 +38,7 @@ class OutputGraph:
         self.f_builtins = f_builtins
         self.graph = torch.fx.Graph()
         self.dynamism = dynamic.current()
-        self.fake_mode = FakeTensorMode(shape_env=symbolic_shapes.new_shape_env())
+        self.fake_mode = symbolic_shapes.new_fake_mode("compile")
         self.shape_record = symbolic_shapes.ShapeRecord(self.fake_mode)
         self.bound_symbols: dict[Any, torch.fx.Node] = {}  # sympy Symbol -> its placeholder
         self._dynamic_dims: dict[Source, tuple[int, ...]] = {}

@@ -5,7 +5,9 @@ Owns: the bridge from ferrodyn Sources to torch's (`FrameSource`, so a `ShapeEnv
 symbols `L['x'].size()[0]`), `TensorPropertySource` (a tensor's size/stride as a graph input),
 `fake_input` (a real tensor -> a fake with SymInt sizes at the dims asked for, torch's 0/1
 specialisation included; shared by `ferrodyn.compile` and `make_fx(tracing_mode="symbolic")`),
-`symint_input` (a Python int -> a SymInt), `ShapeRecord` (what a capture's shape guards are
+`symint_input` (a Python int -> a SymInt; both kinds of symbol, compile's and make_fx's),
+`new_fake_mode` (the FakeTensorMode + ShapeEnv of a compile capture or a make_fx trace),
+`ShapeRecord` (what a capture's shape guards are
 produced from, kept on the GraphModule's `meta`), `backend_context` (the `TracingContext` a
 backend sees, as under torch.compile) and `shape_guard_specs` (`ShapeEnv.produce_guards` ->
 `GuardKind.SHAPE` specs in the prefix form of `rust/guards/symexpr.rs`).
@@ -72,6 +74,24 @@ def new_shape_env() -> ShapeEnv:
     return ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
 
 
+# The fake mode of each kind of trace: ferrodyn.compile's capture (data-dependent outputs break
+# the graph, so its ShapeEnv refuses them) and make_fx's "fake" (static shapes) and "symbolic"
+# modes (torch's make_fx settings: unbacked symbols allowed, fallback kernels only when static).
+_FAKE_MODES: dict[str, Callable[[], Any]] = {
+    "compile": lambda: dict(shape_env=new_shape_env()),
+    "fake": lambda: dict(allow_fallback_kernels=True, allow_non_fake_inputs=True,
+                         shape_env=ShapeEnv(), static_shapes=True),
+    "symbolic": lambda: dict(allow_fallback_kernels=False, allow_non_fake_inputs=True,
+                             shape_env=ShapeEnv()),
+}
+
+
+def new_fake_mode(kind: str):
+    """A FakeTensorMode over a fresh ShapeEnv for a trace of `kind` (a key of _FAKE_MODES)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(**_FAKE_MODES[kind]())
+
+
 # ---- symbolic inputs ----------------------------------------------------------------------
 
 def _torch_source(source):
@@ -105,21 +125,28 @@ def symbolic_context(value: torch.Tensor, source, dynamic_dims, strict_dims=(), 
 
 
 def fake_input(fake_mode, value: torch.Tensor, source, dynamic_dims=(),
-               strict_dims=(), duck=()) -> tuple[Any, Any]:
-    """(fake tensor, symbolic context) for a real input; static when `dynamic_dims` is empty.
-    `source`: a ferrodyn Source (compile) or a torch one (make_fx's `ConstantSource`)."""
+               strict_dims=(), duck=(), static_shapes: bool | None = True) -> tuple[Any, Any]:
+    """(fake tensor, symbolic context) for a real input; when `dynamic_dims` is empty, static
+    (`static_shapes` None: as `fake_mode` decides, torch's make_fx on a user's fake mode) with
+    no context. `source`: a ferrodyn Source (compile) or a torch one (make_fx's)."""
     if not dynamic_dims or fake_mode.shape_env is None:
-        return fake_mode.from_tensor(value, static_shapes=True), None
+        return fake_mode.from_tensor(value, static_shapes=static_shapes,
+                                     source=_torch_source(source)), None
     ctx = symbolic_context(value, source, set(dynamic_dims), set(strict_dims), duck)
     fake = fake_mode.from_tensor(value, source=ctx.tensor_source, symbolic_context=ctx)
     return fake, ctx
 
 
-def symint_input(shape_env: ShapeEnv, value: int, source: Source):
-    """A SymInt standing for the Python int `value` read from `source`: an "unspecified"
-    symbol as torch makes for ints (any sign; 0 and 1 not specialised)."""
-    return shape_env.create_unspecified_symint_and_symbol(value, FrameSource(source),
-                                                          DimDynamic.DYNAMIC)
+def symint_input(shape_env: ShapeEnv, value: int, source, duck: bool = False):
+    """A SymInt standing for the Python int `value` read from `source` (a ferrodyn or a torch
+    Source). Default (ferrodyn.compile, as torch.compile's ints): an "unspecified" symbol of
+    any sign, 0 and 1 not specialised. `duck` (make_fx's symbolic ints, as torch's make_fx):
+    a symbol of any sign shared with an equal size, 0 and 1 specialised (a plain int back)."""
+    src = _torch_source(source)
+    if not duck:
+        return shape_env.create_unspecified_symint_and_symbol(value, src, DimDynamic.DYNAMIC)
+    return shape_env.create_symintnode(shape_env.create_symbol(value, src, positive=None),
+                                       hint=value, source=src)
 
 
 def is_symbolic(v: Any) -> bool:
