@@ -1,7 +1,8 @@
 """Symbolic integers (and the floats computed from them, `n ** 0.5`): a dynamic size (`x.shape[0]`, `x.size(1)`, `x.numel()`) or a Python int
 argument made dynamic, as an fx node plus its example `torch.SymInt`.
 
-Owns `SymIntVariable`, `SizeVariable` (a `torch.Size` with symbolic items), the size item of
+Owns `SymIntVariable`, the builtins that keep a SymInt symbolic (`sym_convert`: int/float/
+math.ceil/floor/trunc; `sym_minmax`: max/min as torch.sym_max/sym_min), `SizeVariable` (a `torch.Size` with symbolic items), the size item of
 a tensor (`size_item`: the lifted placeholder of a bound symbol, else `x.size(i)` in the graph)
 and `maybe_symint_input` (a frame int -> SymInt graph input under the dynamic policy). Arithmetic
 on SymInts is recorded like tensor ops (operators.py -> `record_op`); comparisons and truth
@@ -13,6 +14,8 @@ Does not own which ints are dynamic (dynamic.py) or making the SymInts (symbolic
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +57,49 @@ class SymIntVariable(VariableTracker):
         if name.startswith("__") and name.endswith("__"):
             return record_op(tx, "call_method", name, [self, *args], kwargs)
         unsupported(f"int.{name}() on a symbolic int", BreakReason.UNSUPPORTED_CALL)
+
+
+# Conversions that return a SymInt unchanged (`int(s)`, `math.ceil(s)`), as CPython returns an
+# int itself; on a SymFloat (`s / 2`) each is recorded (`math.ceil` -> a SymInt node), and
+# `float(s)` is torch.sym_float. A conversion torch answers with a plain value (`int(f)` of a
+# SymFloat) guards in the ShapeEnv and becomes a constant (record_op -> wrap_symint).
+_IDENTITY_ON_INT = frozenset({int, math.ceil, math.floor, math.trunc, operator.index})
+_CONVERSIONS = {int: int, float: torch.sym_float, math.ceil: math.ceil, math.floor: math.floor,
+                math.trunc: math.trunc}
+_MINMAX = {max: torch.sym_max, min: torch.sym_min}
+
+
+def sym_convert(tx, fn, value) -> VariableTracker | None:
+    """`fn(value)` for a builtin conversion of a symbolic int/float; None: not symbolic or not
+    one of them (the caller decides)."""
+    from ferrodyn.variables.tensor import record_op
+    v = tx.realize(value)
+    if not isinstance(v, SymIntVariable):
+        return None
+    if fn in _IDENTITY_ON_INT and v.python_type() is int:
+        return v
+    target = _CONVERSIONS.get(fn)
+    return None if target is None else record_op(tx, "call_function", target, [v], {})
+
+
+def sym_minmax(tx, fn, items) -> VariableTracker | None:
+    """`max(a, b, ...)` / `min(...)` over symbolic and constant ints as torch.sym_max/sym_min
+    nodes (ints only: the result equals CPython's, whichever equal item it would pick); None
+    when no item is symbolic or one is not an int."""
+    from ferrodyn.variables.tensor import record_op
+    vals = [tx.realize(i) for i in items]
+    if not any(isinstance(v, SymIntVariable) for v in vals):
+        return None
+    for v in vals:
+        if isinstance(v, SymIntVariable) and v.python_type() is int:
+            continue
+        if isinstance(v, ConstantVariable) and type(v.value) is int:
+            continue
+        return None
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = record_op(tx, "call_function", _MINMAX[fn], [acc, v], {})
+    return acc
 
 
 @dataclass(frozen=True, eq=False)

@@ -253,7 +253,8 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
             return arg
     result = wrap_graph_value(tx, node, example, name)
     if kind == "call_function" and target in CONST_FACTORIES and \
-            isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]):
+            isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]) \
+            and not _contains_symbolic([ea, list(ek.values())]):  # a real call would specialise
         try:
             real = target(*ea, **ek)
         except Exception:
@@ -277,6 +278,14 @@ def _is_inplace(kind: str, target: Any) -> bool:
         return True
     name = getattr(target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
+
+
+def _contains_symbolic(value: Any) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_contains_symbolic(v) for v in value)
+    return False
 
 
 def _contains_tensor(value: Any) -> bool:
