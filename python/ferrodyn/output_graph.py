@@ -95,6 +95,7 @@ class OutputGraph:
                         BreakReason.UNSUPPORTED_TYPE)
         if ctx is not None and symbolic_shapes.is_symbolic(fake):
             self._dynamic_dims[source] = symbolic_shapes.symbolic_dims(fake)
+            self.shape_record.dynamic_dims[source] = self._dynamic_dims[source]
             self.shape_record.inputs.append((fake, source, ctx))
             self.shape_record.contexts.append((value, ctx))
             for i, s in enumerate(fake.shape):  # lift each new size symbol before the tensor

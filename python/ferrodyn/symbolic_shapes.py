@@ -171,6 +171,9 @@ class ShapeRecord:
     fake_mode: Any
     inputs: list[tuple[Any, Source, Any]] = dataclasses.field(default_factory=list)
     contexts: list[tuple[torch.Tensor, Any]] = dataclasses.field(default_factory=list)
+    # the dims left out of each input's tensor_match leaf, as decided when it was made (a dim
+    # specialised later, `range(s)`, stays out: its shape guard checks it)
+    dynamic_dims: dict[Source, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def shape_env(self) -> ShapeEnv:
@@ -271,7 +274,7 @@ def _pinned(rec: ShapeRecord) -> set[tuple]:
     out = set()
     for fake, src, _ in rec.inputs:
         if isinstance(fake, torch.Tensor):
-            dyn = set(symbolic_dims(fake))
+            dyn = set(rec.dynamic_dims[src])
             for i in range(fake.dim()):
                 if i not in dyn:
                     out.add((src, "size", i))

@@ -52,7 +52,7 @@ def _consts(tx, args, *, copies_ok: bool = False) -> list | None:
 
 
 def _const_arg(tx, v: VariableTracker, what: str) -> Any:
-    v = tx.realize(v)
+    v = sym_int.concrete(tx, v)  # range(s): specialised under a shape guard
     if not v.is_python_constant():
         unsupported(f"{what} with a non-constant argument {v.describe()}",
                     BreakReason.DATA_DEPENDENT)
@@ -224,6 +224,9 @@ def _scalar(fn):
             symbolic = sym_int.sym_convert(tx, fn, v) if len(args) == 1 else None
             if symbolic is not None:  # int(s) of a SymInt
                 return symbolic
+            vals = _consts(tx, [sym_int.concrete(tx, a) for a in args], copies_ok=True)
+            if vals is not None:  # str(s), format(s, "d"): specialised under a shape guard
+                return _c(fold(fn, *vals))
             const = getattr(v, "const_value", None)
             if const is not None and const(tx) is not None and len(args) == 1:
                 return _c(fold(fn, const(tx)))

@@ -2,13 +2,14 @@
 argument made dynamic, as an fx node plus its example `torch.SymInt`.
 
 Owns `SymIntVariable`, the builtins that keep a SymInt symbolic (`sym_convert`: int/float/
-math.ceil/floor/trunc; `sym_minmax`: max/min as torch.sym_max/sym_min), `SizeVariable` (a `torch.Size` with symbolic items), the size item of
+math.ceil/floor/trunc; `sym_minmax`: max/min as torch.sym_max/sym_min), `concrete` (a SymInt
+specialised under a ShapeEnv guard where Python needs the number), `SizeVariable` (a `torch.Size` with symbolic items), the size item of
 a tensor (`size_item`: the lifted placeholder of a bound symbol, else `x.size(i)` in the graph)
 and `maybe_symint_input` (a frame int -> SymInt graph input under the dynamic policy). Arithmetic
 on SymInts is recorded like tensor ops (operators.py -> `record_op`); comparisons and truth
-evaluate with a ShapeEnv guard, as torch does. A SymInt is never a Python constant: uses the
-converter cannot express symbolically give up (the frame runs eagerly) instead of
-specialising silently.
+evaluate with a ShapeEnv guard, as torch does. A SymInt is never a Python constant: a use that
+needs the number (`range(s)`) specialises it through `concrete`, which guards; other uses the
+converter cannot express symbolically give up instead of specialising silently.
 Does not own which ints are dynamic (dynamic.py) or making the SymInts (symbolic_shapes.py).
 """
 
@@ -80,6 +81,17 @@ def sym_convert(tx, fn, value) -> VariableTracker | None:
         return v
     target = _CONVERSIONS.get(fn)
     return None if target is None else record_op(tx, "call_function", target, [v], {})
+
+
+def concrete(tx, value) -> VariableTracker:
+    """`value`, with a symbolic int replaced by its concrete value under a ShapeEnv guard
+    (`Eq(s0, 3)`: the entry is for that value only), as torch specialises a symbol used where
+    Python needs the number (`range(s)`, `f"{s}"`, `str(s)`). SymFloats are left as they are
+    (their guards would be float expressions)."""
+    v = tx.realize(value)
+    if isinstance(v, SymIntVariable) and v.python_type() is int:
+        return ConstantVariable(value=int(v.example))  # guard_int: records Eq(expr, value)
+    return v
 
 
 def sym_minmax(tx, fn, items) -> VariableTracker | None:
