@@ -349,8 +349,41 @@ def _sympy_ops():
 _SYMPY_OPS: list | None = None
 
 
-def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
+# |numerator| below 2**52: there `ceil(a / b)` / `floor(a / b)` in floats (what the guard means:
+# Python's `math.ceil(a / b)`) equals the exact integer ceil/floor division, which the native
+# IR computes; larger numerators fail the guard (a cache miss, never a wrong hit).
+_EXACT_DIV_BOUND = 2 ** 52
+
+
+def _emit_rounded_div(e, out: list[str], sym, side: list[str] | None) -> bool:
+    """CeilToInt/FloorToInt(IntTrueDiv(a, b)) (`math.ceil(s / 2)`) as exact integer division,
+    with the numerator's bound appended to `side` (conjoined with the whole guard)."""
+    from torch.utils._sympy import functions as F
+    if not isinstance(e, (F.CeilToInt, F.FloorToInt)) or \
+            not isinstance(e.args[0], F.IntTrueDiv) or side is None:
+        return False
+    num: list[str] = []
+    den: list[str] = []
+    _emit_sympy(e.args[0].args[0], num, sym, side)
+    _emit_sympy(e.args[0].args[1], den, sym, side)
+    n, d = " ".join(num), " ".join(den)
+    side.append(f"lt {n} {_EXACT_DIV_BOUND}")
+    side.append(f"gt {n} {-_EXACT_DIV_BOUND}")
+    if isinstance(e, F.CeilToInt):  # ceil(a / b) == -((-a) // b)
+        out.extend(["neg", "floordiv", "neg", n, d])
+    else:
+        out.extend(["floordiv", n, d])
+    return True
+
+
+def _with_side(tokens: str, side: list[str]) -> str:
+    return tokens if not side else f"and:{1 + len(side)} {tokens} " + " ".join(side)
+
+
+def _emit_sympy(e, out: list[str], sym: Callable[[Any], str], side: list[str] | None = None) -> None:
     global _SYMPY_OPS
+    if _emit_rounded_div(e, out, sym, side):
+        return
     if e is sympy.true or e is sympy.false:
         out.append("true" if e is sympy.true else "false")
         return
@@ -362,7 +395,7 @@ def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
         return
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
         out.append("pow")
-        _emit_sympy(e.base, out, sym)
+        _emit_sympy(e.base, out, sym, side)
         out.append(str(int(e.exp)))
         return
     if _SYMPY_OPS is None:
@@ -373,7 +406,7 @@ def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
                 break
             out.append(f"{op}:{len(e.args)}" if nary else op)
             for a in e.args:
-                _emit_sympy(a, out, sym)
+                _emit_sympy(a, out, sym, side)
             return
     raise ShapeGuardUnsupported(f"shape guard term {e} ({type(e).__name__}) has no native form")
 
@@ -389,8 +422,9 @@ def sympy_to_prefix(expr, name_of: Callable[[Any], str] = str) -> tuple[str, lis
             names.append(n)
         return f"s{names.index(n)}"
 
-    _emit_sympy(expr, out, sym)
-    return " ".join(out), names
+    side: list[str] = []
+    _emit_sympy(expr, out, sym, side)
+    return _with_side(" ".join(out), side), names
 
 
 def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
@@ -403,6 +437,7 @@ def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
         raise ShapeGuardUnsupported(f"cannot parse shape guard {text!r}: {e}") from e
     names: list[str] = []
     out: list[str] = []
+    side: list[str] = []
 
     def sym_token(name: str) -> str:
         if name not in names:
@@ -415,7 +450,7 @@ def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
                        else str(node.value))
         elif isinstance(node, ast.Name) and node.id.startswith(_EXPR_PREFIX):
             expr, printer = captured[int(node.id[len(_EXPR_PREFIX):])]
-            _emit_sympy(expr, out, lambda s: sym_token(printer._print_Symbol(s)))
+            _emit_sympy(expr, out, lambda s: sym_token(printer._print_Symbol(s)), side)
         elif isinstance(node, ast.Name):
             out.append(sym_token(node.id))
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
@@ -455,4 +490,4 @@ def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
                 f"shape guard {text!r}: {ast.unparse(node)!r} has no native form")
 
     emit(tree)
-    return " ".join(out), names
+    return _with_side(" ".join(out), side), names
