@@ -70,8 +70,15 @@ class TensorPropertySource(Source):
         return self.base.root()
 
 
+def capture_scalar_outputs() -> bool:
+    """torch._dynamo.config.capture_scalar_outputs, honoured by ferrodyn.compile too: `.item()`
+    is then an unbacked SymInt/SymFloat in the graph instead of a graph break."""
+    return bool(getattr(torch._dynamo.config, "capture_scalar_outputs", False))
+
+
 def new_shape_env() -> ShapeEnv:
-    return ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+    return ShapeEnv(allow_scalar_outputs=capture_scalar_outputs(),
+                    allow_dynamic_output_shape_ops=False)
 
 
 # The fake mode of each kind of trace: ferrodyn.compile's capture (data-dependent outputs break
@@ -189,9 +196,11 @@ def record_of(gm: torch.fx.GraphModule) -> ShapeRecord | None:
 def backend_context(gm: torch.fx.GraphModule) -> Iterator[None]:
     """Around the backend call of a graph with symbolic inputs: torch's TracingContext with the
     capture's fake mode and each real input's symbolic context, so AOT autograd / Inductor
-    re-fakeify the inputs with the same symbols (what torch.compile gives its backends)."""
-    rec = record_of(gm)
-    if rec is None:
+    re-fakeify the inputs with the same symbols (what torch.compile gives its backends); also
+    for a graph with unbacked symbols (`.item()`), whose re-trace needs the capture's ShapeEnv."""
+    rec = getattr(gm, "meta", {}).get(META_KEY)
+    if rec is None or not rec.inputs and \
+            not any("unbacked_bindings" in n.meta for n in gm.graph.nodes):
         yield
         return
     tc = torch._guards.TracingContext(rec.fake_mode)
@@ -214,8 +223,13 @@ def shape_guard_specs(gm: torch.fx.GraphModule) -> list[GuardSpec]:
     """The ShapeEnv's guards of `gm`'s capture as SHAPE specs. Call after the backend compiled
     (backends add guards). Raises torch's ConstraintViolationError when a mark_dynamic dim
     was specialised, ShapeGuardUnsupported for a guard the IR cannot express."""
-    rec = record_of(gm)
+    rec = getattr(gm, "meta", {}).get(META_KEY)
     if rec is None:
+        return []
+    pending = [s for s, asserts in rec.shape_env.deferred_runtime_asserts.items() if asserts]
+    if pending:  # facts about values read from tensors that only a runtime check could keep
+        raise ShapeGuardUnsupported(f"runtime asserts on unbacked symbols {pending}")
+    if not rec.inputs:
         return []
     from torch._dynamo.source import TensorPropertySource as TorchTPS
 

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 
+from ferrodyn import symbolic_shapes
 from ferrodyn.exc import BreakReason, Unsupported
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, is_constant_value
@@ -162,6 +163,9 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
     if const is not None and name in _CONST_FOLDABLE_METHODS and not args and not kwargs:
         from ferrodyn.variables.constant import fold, wrap_constant
         return wrap_constant(fold(getattr(const, name)))
+    if name == "item" and not args and not kwargs and symbolic_shapes.capture_scalar_outputs():
+        from ferrodyn.variables.sym_int import item_of
+        return item_of(tx, tensor)  # an unbacked SymInt/SymFloat, as torch
     if name in REFUSED_METHODS:
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
     if name in _SHAPE_METHODS:
