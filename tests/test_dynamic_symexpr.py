@@ -5,11 +5,14 @@ way `shape_guard_specs` does (`symbolic_shapes.sympy_to_prefix`) and evaluated i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import sympy
 import torch
 from hypothesis import given, settings, strategies as st
-from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
+from torch.utils._sympy.functions import (CeilToInt, FloorDiv, FloorToInt, IntTrueDiv, Max,
+                                          Min, PythonMod)
 from torch.utils._sympy.printers import PythonPrinter
 
 from ferrodyn import _C
@@ -164,3 +167,24 @@ def test_symbol_kinds_read_sizes_strides_and_ints():
         "L['x'].size()[0] * L['x'].stride()[0] == L['n'] "
         "(got L['x'].size()[0] = 3, L['x'].stride()[0] = 5, L['n'] = 12)")
     assert tree.explain([torch.randn(3, 4), "12"]).endswith("(L['n'] could not be read)")
+
+
+_ROUNDED = [(CeilToInt, math.ceil), (FloorToInt, math.floor)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(_ROUNDED), st.integers(-(2 ** 60), 2 ** 60) | st.integers(-40, 40),
+       st.integers(-9, 9).filter(bool), st.integers(-3, 3))
+def test_ceil_floor_of_true_division_match_python(kind, a, d, delta):
+    """math.ceil(s / d) / math.floor(s / d) (CeilToInt/FloorToInt(IntTrueDiv)) are exact integer
+    divisions in the IR with the numerator bounded by 2**52, where Python's float division
+    gives the same value; outside the bound the guard fails (a miss, never a wrong hit)."""
+    sym_fn, py_fn = kind
+    expr = sympy.Eq(sym_fn(IntTrueDiv(A, sympy.Integer(d))), B)
+    tokens, names = sympy_to_prefix(expr)
+    b = py_fn(a / d) + delta
+    got = _native(tokens, names, {"a": a, "b": b, "c": 0})
+    if abs(a) < 2 ** 52:
+        assert got is (delta == 0), (a, d, b)
+    else:
+        assert got is False

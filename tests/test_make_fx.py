@@ -246,6 +246,52 @@ def test_symbolic_int_inputs_become_symints():
     assert_same(gm(x, 5), f(x, 5))
 
 
+def _sym_int_program(x, n, m):
+    return x * n + m, x.shape[0] + n * m, x.new_zeros(x.shape[0], m)
+
+
+@pytest.mark.parametrize("n, m", [(3, 5), (2, 2), (2, 4), (1, 4), (0, 3), (-2, 7), (4, 4)])
+def test_symbolic_int_inputs_match_torch_make_fx(n, m):
+    """Ints become symbols as in torch's make_fx: 0 and 1 specialised, negative ints kept
+    symbolic, an int equal to a size (or to another int) shares its symbol (duck sizing)."""
+    x = torch.randn(2, 3)
+    ours = make_fx(_sym_int_program, tracing_mode="symbolic")(x, n, m)
+    ref = torch_trace(_sym_int_program, "symbolic", (x, n, m))
+    assert ours.code == ref.code
+    vals = [str(p.meta["val"]) for p in ours.graph.nodes if p.op == "placeholder"]
+    assert vals == [str(p.meta["val"]) for p in ref.graph.nodes if p.op == "placeholder"]
+    assert_same(ours(x, n, m), _sym_int_program(x, n, m))
+    if len({2, n, m}) == 3 and n not in (0, 1):  # no duck equalities: other values too
+        args = (torch.randn(5, 3), n + 10, m + 20)
+        assert_same(ours(*args), _sym_int_program(*args))
+
+
+def test_make_fx_and_compile_make_symbols_through_one_implementation(monkeypatch):
+    """make_fx(tracing_mode="symbolic") and ferrodyn.compile(dynamic=True) create their
+    symbols through symbolic_shapes (fake_input for tensors, symint_input for ints)."""
+    from ferrodyn import symbolic_shapes
+
+    calls = []
+    for name in ("fake_input", "symint_input", "new_fake_mode"):
+        real = getattr(symbolic_shapes, name)
+        monkeypatch.setattr(symbolic_shapes, name,
+                            lambda *a, _real=real, _name=name, **k: (calls.append(_name),
+                                                                       _real(*a, **k))[1])
+
+    def f(x, n):
+        return x * n + x.shape[0]
+
+    x = torch.randn(4, 3)
+    make_fx(f, tracing_mode="symbolic")(x, 5)
+    assert calls == ["new_fake_mode", "fake_input", "symint_input"]
+    calls.clear()
+    ferrodyn.reset()
+    cf = ferrodyn.compile(f, backend="eager", dynamic=True)
+    torch.testing.assert_close(cf(x, 5), f(x, 5))
+    assert calls == ["new_fake_mode", "fake_input", "symint_input"]
+    ferrodyn.reset()
+
+
 def test_constants_and_parameters_become_get_attr():
     fn, make_args = PROGRAMS["constants"]
     (x,) = make_args()

@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ferrodyn import dynamic, symbolic_shapes
 from ferrodyn.exc import BreakReason
@@ -39,7 +38,7 @@ class OutputGraph:
         self.f_builtins = f_builtins
         self.graph = torch.fx.Graph()
         self.dynamism = dynamic.current()
-        self.fake_mode = FakeTensorMode(shape_env=symbolic_shapes.new_shape_env())
+        self.fake_mode = symbolic_shapes.new_fake_mode("compile")
         self.shape_record = symbolic_shapes.ShapeRecord(self.fake_mode)
         self.bound_symbols: dict[Any, torch.fx.Node] = {}  # sympy Symbol -> its placeholder
         self._dynamic_dims: dict[Source, tuple[int, ...]] = {}
@@ -96,6 +95,7 @@ class OutputGraph:
                         BreakReason.UNSUPPORTED_TYPE)
         if ctx is not None and symbolic_shapes.is_symbolic(fake):
             self._dynamic_dims[source] = symbolic_shapes.symbolic_dims(fake)
+            self.shape_record.dynamic_dims[source] = self._dynamic_dims[source]
             self.shape_record.inputs.append((fake, source, ctx))
             self.shape_record.contexts.append((value, ctx))
             for i, s in enumerate(fake.shape):  # lift each new size symbol before the tensor

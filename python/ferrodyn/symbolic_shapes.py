@@ -5,7 +5,9 @@ Owns: the bridge from ferrodyn Sources to torch's (`FrameSource`, so a `ShapeEnv
 symbols `L['x'].size()[0]`), `TensorPropertySource` (a tensor's size/stride as a graph input),
 `fake_input` (a real tensor -> a fake with SymInt sizes at the dims asked for, torch's 0/1
 specialisation included; shared by `ferrodyn.compile` and `make_fx(tracing_mode="symbolic")`),
-`symint_input` (a Python int -> a SymInt), `ShapeRecord` (what a capture's shape guards are
+`symint_input` (a Python int -> a SymInt; both kinds of symbol, compile's and make_fx's),
+`new_fake_mode` (the FakeTensorMode + ShapeEnv of a compile capture or a make_fx trace),
+`ShapeRecord` (what a capture's shape guards are
 produced from, kept on the GraphModule's `meta`), `backend_context` (the `TracingContext` a
 backend sees, as under torch.compile) and `shape_guard_specs` (`ShapeEnv.produce_guards` ->
 `GuardKind.SHAPE` specs in the prefix form of `rust/guards/symexpr.rs`).
@@ -68,8 +70,33 @@ class TensorPropertySource(Source):
         return self.base.root()
 
 
+def capture_scalar_outputs() -> bool:
+    """torch._dynamo.config.capture_scalar_outputs, honoured by ferrodyn.compile too: `.item()`
+    is then an unbacked SymInt/SymFloat in the graph instead of a graph break."""
+    return bool(getattr(torch._dynamo.config, "capture_scalar_outputs", False))
+
+
 def new_shape_env() -> ShapeEnv:
-    return ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+    return ShapeEnv(allow_scalar_outputs=capture_scalar_outputs(),
+                    allow_dynamic_output_shape_ops=False)
+
+
+# The fake mode of each kind of trace: ferrodyn.compile's capture (data-dependent outputs break
+# the graph, so its ShapeEnv refuses them) and make_fx's "fake" (static shapes) and "symbolic"
+# modes (torch's make_fx settings: unbacked symbols allowed, fallback kernels only when static).
+_FAKE_MODES: dict[str, Callable[[], Any]] = {
+    "compile": lambda: dict(shape_env=new_shape_env()),
+    "fake": lambda: dict(allow_fallback_kernels=True, allow_non_fake_inputs=True,
+                         shape_env=ShapeEnv(), static_shapes=True),
+    "symbolic": lambda: dict(allow_fallback_kernels=False, allow_non_fake_inputs=True,
+                             shape_env=ShapeEnv()),
+}
+
+
+def new_fake_mode(kind: str):
+    """A FakeTensorMode over a fresh ShapeEnv for a trace of `kind` (a key of _FAKE_MODES)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(**_FAKE_MODES[kind]())
 
 
 # ---- symbolic inputs ----------------------------------------------------------------------
@@ -105,21 +132,28 @@ def symbolic_context(value: torch.Tensor, source, dynamic_dims, strict_dims=(), 
 
 
 def fake_input(fake_mode, value: torch.Tensor, source, dynamic_dims=(),
-               strict_dims=(), duck=()) -> tuple[Any, Any]:
-    """(fake tensor, symbolic context) for a real input; static when `dynamic_dims` is empty.
-    `source`: a ferrodyn Source (compile) or a torch one (make_fx's `ConstantSource`)."""
+               strict_dims=(), duck=(), static_shapes: bool | None = True) -> tuple[Any, Any]:
+    """(fake tensor, symbolic context) for a real input; when `dynamic_dims` is empty, static
+    (`static_shapes` None: as `fake_mode` decides, torch's make_fx on a user's fake mode) with
+    no context. `source`: a ferrodyn Source (compile) or a torch one (make_fx's)."""
     if not dynamic_dims or fake_mode.shape_env is None:
-        return fake_mode.from_tensor(value, static_shapes=True), None
+        return fake_mode.from_tensor(value, static_shapes=static_shapes,
+                                     source=_torch_source(source)), None
     ctx = symbolic_context(value, source, set(dynamic_dims), set(strict_dims), duck)
     fake = fake_mode.from_tensor(value, source=ctx.tensor_source, symbolic_context=ctx)
     return fake, ctx
 
 
-def symint_input(shape_env: ShapeEnv, value: int, source: Source):
-    """A SymInt standing for the Python int `value` read from `source`: an "unspecified"
-    symbol as torch makes for ints (any sign; 0 and 1 not specialised)."""
-    return shape_env.create_unspecified_symint_and_symbol(value, FrameSource(source),
-                                                          DimDynamic.DYNAMIC)
+def symint_input(shape_env: ShapeEnv, value: int, source, duck: bool = False):
+    """A SymInt standing for the Python int `value` read from `source` (a ferrodyn or a torch
+    Source). Default (ferrodyn.compile, as torch.compile's ints): an "unspecified" symbol of
+    any sign, 0 and 1 not specialised. `duck` (make_fx's symbolic ints, as torch's make_fx):
+    a symbol of any sign shared with an equal size, 0 and 1 specialised (a plain int back)."""
+    src = _torch_source(source)
+    if not duck:
+        return shape_env.create_unspecified_symint_and_symbol(value, src, DimDynamic.DYNAMIC)
+    return shape_env.create_symintnode(shape_env.create_symbol(value, src, positive=None),
+                                       hint=value, source=src)
 
 
 def is_symbolic(v: Any) -> bool:
@@ -144,6 +178,9 @@ class ShapeRecord:
     fake_mode: Any
     inputs: list[tuple[Any, Source, Any]] = dataclasses.field(default_factory=list)
     contexts: list[tuple[torch.Tensor, Any]] = dataclasses.field(default_factory=list)
+    # the dims left out of each input's tensor_match leaf, as decided when it was made (a dim
+    # specialised later, `range(s)`, stays out: its shape guard checks it)
+    dynamic_dims: dict[Source, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def shape_env(self) -> ShapeEnv:
@@ -159,9 +196,11 @@ def record_of(gm: torch.fx.GraphModule) -> ShapeRecord | None:
 def backend_context(gm: torch.fx.GraphModule) -> Iterator[None]:
     """Around the backend call of a graph with symbolic inputs: torch's TracingContext with the
     capture's fake mode and each real input's symbolic context, so AOT autograd / Inductor
-    re-fakeify the inputs with the same symbols (what torch.compile gives its backends)."""
-    rec = record_of(gm)
-    if rec is None:
+    re-fakeify the inputs with the same symbols (what torch.compile gives its backends); also
+    for a graph with unbacked symbols (`.item()`), whose re-trace needs the capture's ShapeEnv."""
+    rec = getattr(gm, "meta", {}).get(META_KEY)
+    if rec is None or not rec.inputs and \
+            not any("unbacked_bindings" in n.meta for n in gm.graph.nodes):
         yield
         return
     tc = torch._guards.TracingContext(rec.fake_mode)
@@ -184,8 +223,13 @@ def shape_guard_specs(gm: torch.fx.GraphModule) -> list[GuardSpec]:
     """The ShapeEnv's guards of `gm`'s capture as SHAPE specs. Call after the backend compiled
     (backends add guards). Raises torch's ConstraintViolationError when a mark_dynamic dim
     was specialised, ShapeGuardUnsupported for a guard the IR cannot express."""
-    rec = record_of(gm)
+    rec = getattr(gm, "meta", {}).get(META_KEY)
     if rec is None:
+        return []
+    pending = [s for s, asserts in rec.shape_env.deferred_runtime_asserts.items() if asserts]
+    if pending:  # facts about values read from tensors that only a runtime check could keep
+        raise ShapeGuardUnsupported(f"runtime asserts on unbacked symbols {pending}")
+    if not rec.inputs:
         return []
     from torch._dynamo.source import TensorPropertySource as TorchTPS
 
@@ -244,7 +288,7 @@ def _pinned(rec: ShapeRecord) -> set[tuple]:
     out = set()
     for fake, src, _ in rec.inputs:
         if isinstance(fake, torch.Tensor):
-            dyn = set(symbolic_dims(fake))
+            dyn = set(rec.dynamic_dims[src])
             for i in range(fake.dim()):
                 if i not in dyn:
                     out.add((src, "size", i))
@@ -319,8 +363,41 @@ def _sympy_ops():
 _SYMPY_OPS: list | None = None
 
 
-def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
+# |numerator| below 2**52: there `ceil(a / b)` / `floor(a / b)` in floats (what the guard means:
+# Python's `math.ceil(a / b)`) equals the exact integer ceil/floor division, which the native
+# IR computes; larger numerators fail the guard (a cache miss, never a wrong hit).
+_EXACT_DIV_BOUND = 2 ** 52
+
+
+def _emit_rounded_div(e, out: list[str], sym, side: list[str] | None) -> bool:
+    """CeilToInt/FloorToInt(IntTrueDiv(a, b)) (`math.ceil(s / 2)`) as exact integer division,
+    with the numerator's bound appended to `side` (conjoined with the whole guard)."""
+    from torch.utils._sympy import functions as F
+    if not isinstance(e, (F.CeilToInt, F.FloorToInt)) or \
+            not isinstance(e.args[0], F.IntTrueDiv) or side is None:
+        return False
+    num: list[str] = []
+    den: list[str] = []
+    _emit_sympy(e.args[0].args[0], num, sym, side)
+    _emit_sympy(e.args[0].args[1], den, sym, side)
+    n, d = " ".join(num), " ".join(den)
+    side.append(f"lt {n} {_EXACT_DIV_BOUND}")
+    side.append(f"gt {n} {-_EXACT_DIV_BOUND}")
+    if isinstance(e, F.CeilToInt):  # ceil(a / b) == -((-a) // b)
+        out.extend(["neg", "floordiv", "neg", n, d])
+    else:
+        out.extend(["floordiv", n, d])
+    return True
+
+
+def _with_side(tokens: str, side: list[str]) -> str:
+    return tokens if not side else f"and:{1 + len(side)} {tokens} " + " ".join(side)
+
+
+def _emit_sympy(e, out: list[str], sym: Callable[[Any], str], side: list[str] | None = None) -> None:
     global _SYMPY_OPS
+    if _emit_rounded_div(e, out, sym, side):
+        return
     if e is sympy.true or e is sympy.false:
         out.append("true" if e is sympy.true else "false")
         return
@@ -332,7 +409,7 @@ def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
         return
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) >= 0:
         out.append("pow")
-        _emit_sympy(e.base, out, sym)
+        _emit_sympy(e.base, out, sym, side)
         out.append(str(int(e.exp)))
         return
     if _SYMPY_OPS is None:
@@ -343,7 +420,7 @@ def _emit_sympy(e, out: list[str], sym: Callable[[Any], str]) -> None:
                 break
             out.append(f"{op}:{len(e.args)}" if nary else op)
             for a in e.args:
-                _emit_sympy(a, out, sym)
+                _emit_sympy(a, out, sym, side)
             return
     raise ShapeGuardUnsupported(f"shape guard term {e} ({type(e).__name__}) has no native form")
 
@@ -359,8 +436,9 @@ def sympy_to_prefix(expr, name_of: Callable[[Any], str] = str) -> tuple[str, lis
             names.append(n)
         return f"s{names.index(n)}"
 
-    _emit_sympy(expr, out, sym)
-    return " ".join(out), names
+    side: list[str] = []
+    _emit_sympy(expr, out, sym, side)
+    return _with_side(" ".join(out), side), names
 
 
 def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
@@ -373,6 +451,7 @@ def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
         raise ShapeGuardUnsupported(f"cannot parse shape guard {text!r}: {e}") from e
     names: list[str] = []
     out: list[str] = []
+    side: list[str] = []
 
     def sym_token(name: str) -> str:
         if name not in names:
@@ -385,7 +464,7 @@ def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
                        else str(node.value))
         elif isinstance(node, ast.Name) and node.id.startswith(_EXPR_PREFIX):
             expr, printer = captured[int(node.id[len(_EXPR_PREFIX):])]
-            _emit_sympy(expr, out, lambda s: sym_token(printer._print_Symbol(s)))
+            _emit_sympy(expr, out, lambda s: sym_token(printer._print_Symbol(s)), side)
         elif isinstance(node, ast.Name):
             out.append(sym_token(node.id))
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
@@ -425,4 +504,4 @@ def to_prefix(text: str, captured=()) -> tuple[str, list[str]]:
                 f"shape guard {text!r}: {ast.unparse(node)!r} has no native form")
 
     emit(tree)
-    return " ".join(out), names
+    return _with_side(" ".join(out), side), names

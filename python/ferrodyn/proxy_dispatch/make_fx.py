@@ -7,7 +7,9 @@ FakeTensorMode over a ShapeEnv, every input size a SymInt), input placeholders, 
 the final dead-code pass and the GraphModule. Also owns `last_trace`, a debug hook that lets
 tests inspect the tracker of the most recent trace after it ended.
 
-Does not own: the per-op recording (mode.py) or the value tracking (tracker.py).
+Does not own: the per-op recording (mode.py), the value tracking (tracker.py), or making
+fake inputs and symbols: the fake mode, fake tensors and SymInts come from symbolic_shapes.py,
+the one implementation shared with ferrodyn.compile(dynamic=True).
 
     make_fx(fn, ...)(*args)
       └─ _Trace.run
@@ -30,6 +32,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ferrodyn import symbolic_shapes
 from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, make_mode
 from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker
 
@@ -148,47 +153,32 @@ class _Trace:
         if self.tracing_mode == "real":
             return None
         from torch._guards import detect_fake_mode
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         mode = detect_fake_mode(flat)
         if mode is None:
-            if self.tracing_mode == "fake":
-                mode = FakeTensorMode(
-                    allow_fallback_kernels=True,
-                    allow_non_fake_inputs=True,
-                    shape_env=ShapeEnv(),
-                    static_shapes=True,
-                )
-            else:
-                mode = FakeTensorMode(
-                    allow_fallback_kernels=False,
-                    allow_non_fake_inputs=True,
-                    shape_env=ShapeEnv(),
-                )
-        elif self.tracing_mode == "symbolic" and mode.shape_env is None:
+            return symbolic_shapes.new_fake_mode(self.tracing_mode)
+        if self.tracing_mode == "symbolic" and mode.shape_env is None:
             raise ValueError("make_fx(tracing_mode='symbolic'): the inputs' FakeTensorMode has no ShapeEnv")
         return mode
 
     def _fakify(self, flat, mode):
+        """Fake inputs through symbolic_shapes, the code path of ferrodyn.compile's inputs: in
+        symbolic mode every dim of a real tensor is a duck-sized symbol and an int is a symbol
+        too (torch's make_fx); sources name the flat input (`input<i>`)."""
         if mode is None:
             return list(flat)
         from torch._dynamo.source import ConstantSource
 
-        shape_env = mode.shape_env
+        symbolic = self.tracing_mode == "symbolic"
         out = []
         for i, x in enumerate(flat):
-            if isinstance(x, Tensor) and self.tracing_mode == "symbolic" and \
-                    not isinstance(x, torch._subclasses.FakeTensor):
-                from ferrodyn.symbolic_shapes import fake_input  # shared with compile(dynamic=True)
-                x, _ = fake_input(mode, x, ConstantSource(f"input{i}"), range(x.dim()), duck=True)
-            elif isinstance(x, Tensor):
-                x = mode.from_tensor(x, source=ConstantSource(f"input{i}"))
-            elif type(x) is int and self.tracing_mode == "symbolic":
-                source = ConstantSource(f"input{i}")
-                x = shape_env.create_symintnode(
-                    shape_env.create_symbol(x, source, positive=None), hint=x, source=source
-                )
+            source = ConstantSource(f"input{i}")
+            if isinstance(x, Tensor):
+                dims = range(x.dim()) if symbolic and not isinstance(x, FakeTensor) else ()
+                x, _ = symbolic_shapes.fake_input(mode, x, source, dims, duck=True,
+                                                  static_shapes=None)
+            elif type(x) is int and symbolic:
+                x = symbolic_shapes.symint_input(mode.shape_env, x, source, duck=True)
             out.append(x)
         return out
 
@@ -355,7 +345,8 @@ def _is_impure(n: fx.Node) -> bool:
 
 def _dedupe_symints(graph: fx.Graph) -> None:
     """Reuse one node per symbolic expression when it can be computed from inputs alone (so a
-    size read twice, or an int input equal to a size, is one node)."""
+    size read twice, or an int input equal to a size, is one node; among placeholders of one
+    expression the last one is used, as torch's dedupe_symints)."""
     seen: dict = {}
     from_inputs: set = set()
     for node in list(graph.nodes):
@@ -365,7 +356,7 @@ def _dedupe_symints(graph: fx.Graph) -> None:
         key = (type(val), val.node.expr)
         if node.op == "placeholder":
             from_inputs.add(node)
-            seen.setdefault(key, node)
+            seen[key] = node  # the last placeholder of an expression wins, as in torch
         elif key in seen:
             node.replace_all_uses_with(seen[key])
             graph.erase_node(node)

@@ -318,7 +318,11 @@ class ProxyDispatchMode(TorchDispatchMode):
 
 
 def _sym_arg(tracker, a):
-    return tracker.sym_node(a) if isinstance(a, SYM_TYPES) else a
+    """An argument of recorded SymInt arithmetic: the node that produced a tracked value even
+    when its expression is a number (`0 * n` stays a node, as torch's _compute_proxy)."""
+    if not isinstance(a, SYM_TYPES):
+        return a
+    return tracker.produced_node(a)
 
 
 def _all_real(args, kwargs) -> bool:

@@ -204,6 +204,12 @@ class ProxyTracker:
                 )
         return _force(entry)
 
+    def produced_node(self, s) -> object:
+        """The node that produced SymInt/SymFloat/SymBool `s` when one did (even for a known
+        value), else `sym_node(s)`."""
+        entry = self.syms.get(s.node)
+        return _force(entry) if entry is not None else self.sym_node(s)
+
     def arg(self, a):
         """Map one op argument (a leaf, or a list/tuple of leaves) to its graph form."""
         t = type(a)

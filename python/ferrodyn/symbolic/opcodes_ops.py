@@ -136,8 +136,10 @@ CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
 
 def format_constant(tx, value, conv, spec: str | None):
     """An f-string part: `conv` (str/repr/ascii or None) then, unless `spec` is None,
-    `format(v, spec)`, folded on a constant (anything else is refused)."""
-    value = tx.realize(value)
+    `format(v, spec)`, folded on a constant (anything else is refused; a SymInt is
+    specialised under a shape guard, as torch)."""
+    from ferrodyn.variables.sym_int import concrete
+    value = concrete(tx, value)
     if not value.is_python_constant():
         unsupported(f"f-string of {value.describe()}", BreakReason.UNSUPPORTED_TYPE)
     v = value.as_python_constant()

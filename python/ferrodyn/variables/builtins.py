@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
+from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold, is_constant_value, wrap_constant
@@ -51,7 +52,7 @@ def _consts(tx, args, *, copies_ok: bool = False) -> list | None:
 
 
 def _const_arg(tx, v: VariableTracker, what: str) -> Any:
-    v = tx.realize(v)
+    v = sym_int.concrete(tx, v)  # range(s): specialised under a shape guard
     if not v.is_python_constant():
         unsupported(f"{what} with a non-constant argument {v.describe()}",
                     BreakReason.DATA_DEPENDENT)
@@ -142,6 +143,9 @@ def _minmax(fn):
                 unsupported(f"{fn.__name__}() of an empty sequence", BreakReason.EXCEPTION)
             best = fn(range(len(items)), key=lambda n: keys[n])
             return items[best]
+        symbolic = sym_int.sym_minmax(tx, fn, items)  # max(s, 1): torch.sym_max
+        if symbolic is not None:
+            return symbolic
         vals = _consts(tx, items)
         if vals is None:
             unsupported(f"{fn.__name__}() over non-constants", BreakReason.DATA_DEPENDENT)
@@ -225,6 +229,12 @@ def _scalar(fn):
             v = tx.realize(args[0])
             if fn is bool:
                 return _c(v.truth(tx))
+            symbolic = sym_int.sym_convert(tx, fn, v) if len(args) == 1 else None
+            if symbolic is not None:  # int(s) of a SymInt
+                return symbolic
+            vals = _consts(tx, [sym_int.concrete(tx, a) for a in args], copies_ok=True)
+            if vals is not None:  # str(s), format(s, "d"): specialised under a shape guard
+                return _c(fold(fn, *vals))
             const = getattr(v, "const_value", None)
             if const is not None and const(tx) is not None and len(args) == 1:
                 return _c(fold(fn, const(tx)))
@@ -617,6 +627,10 @@ class BuiltinVariable(VariableTracker):
             vals = _consts(tx, args)
             kvals = _consts(tx, list(kwargs.values()))
             if vals is None or kvals is None:
+                symbolic = sym_int.sym_convert(tx, self.fn, args[0]) \
+                    if len(args) == 1 and not kwargs else None
+                if symbolic is not None:  # math.ceil(s / 2)
+                    return symbolic
                 unsupported(f"{self.describe()} with non-constant arguments",
                             BreakReason.UNSUPPORTED_BUILTIN)
             return wrap_constant(fold(self.fn, *vals, **dict(zip(kwargs, kvals))))

@@ -308,7 +308,9 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
             ea, eb = (v.example if _is_graph_value(v) else v.as_python_constant() for v in (a, b))
         except NotConstant:
             return False  # an int is never equal to a list, object...
-        return bool(ea == eb)
+        from ferrodyn.variables.sym_int import data_dependent_breaks
+        with data_dependent_breaks("=="):
+            return bool(ea == eb)
     rich = rich_compare(tx, operator.eq, a, b)
     if rich is not None:
         return tx.realize(rich).truth(tx)

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 
+from ferrodyn import symbolic_shapes
 from ferrodyn.exc import BreakReason, Unsupported
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, is_constant_value
@@ -162,6 +163,9 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
     if const is not None and name in _CONST_FOLDABLE_METHODS and not args and not kwargs:
         from ferrodyn.variables.constant import fold, wrap_constant
         return wrap_constant(fold(getattr(const, name)))
+    if name == "item" and not args and not kwargs and symbolic_shapes.capture_scalar_outputs():
+        from ferrodyn.variables.sym_int import item_of
+        return item_of(tx, tensor)  # an unbacked SymInt/SymFloat, as torch
     if name in REFUSED_METHODS:
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
     if name in _SHAPE_METHODS:
@@ -253,7 +257,8 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
             return arg
     result = wrap_graph_value(tx, node, example, name)
     if kind == "call_function" and target in CONST_FACTORIES and \
-            isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]):
+            isinstance(result, TensorVariable) and not _contains_tensor([ea, list(ek.values())]) \
+            and not _contains_symbolic([ea, list(ek.values())]):  # a real call would specialise
         try:
             real = target(*ea, **ek)
         except Exception:
@@ -277,6 +282,14 @@ def _is_inplace(kind: str, target: Any) -> bool:
         return True
     name = getattr(target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
+
+
+def _contains_symbolic(value: Any) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_contains_symbolic(v) for v in value)
+    return False
 
 
 def _contains_tensor(value: Any) -> bool:
