@@ -250,6 +250,10 @@ class _Level:
         inst = tx.instructions[tx.ip] if innermost else tx.current
         self.inst = inst
         self.offset = inst.offset - shift
+        if self.offset < 0:  # in a resume prologue: only its call of the inner continuation
+            self.offset = prologue_call(tx.code)
+            if self.offset is None or inst.opname != "CALL_FUNCTION_EX":
+                _refuse(exc, f"a break in the prologue of {tx.code.co_name}")
         if self.code.co_cellvars or self.code.co_freevars:
             _refuse(exc, f"{self.code.co_name} has closure cells")
         if not innermost:
@@ -259,7 +263,9 @@ class _Level:
             callee = tx.realize(callee) if callee is not None else None
             if isinstance(callee, BoundMethodVariable):
                 callee = tx.realize(callee.func)
-            if not (inst.opname in ("CALL", "CALL_KW") and isinstance(callee, UserFunctionVariable)):
+            plain = inst.opname in ("CALL", "CALL_KW") or (
+                inst.opname == "CALL_FUNCTION_EX" and inst.offset < shift)  # a prologue's
+            if not (plain and isinstance(callee, UserFunctionVariable)):
                 _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
                              "inlines more than one plain call")
         levels = _with_levels(self.code, self.offset)
@@ -372,6 +378,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
 # ---------------------------------------------------------------------------------------------
 
 _STACK = "__ferrodyn_stack"
+_NESTED_FN = "__ferrodyn_nested_fn"
+_NESTED_ARGS = "__ferrodyn_nested_args"
 _RESUME_CODES: "weakref.WeakKeyDictionary[types.CodeType, dict]" = weakref.WeakKeyDictionary()
 _ORIGIN: "weakref.WeakKeyDictionary[types.CodeType, tuple]" = weakref.WeakKeyDictionary()
 
@@ -380,12 +388,19 @@ NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
 
 
 def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
-                unbound: frozenset[int]) -> types.CodeType:
+                unbound: frozenset[int], nested_call: int | None = None) -> types.CodeType:
     """The code of the resume function continuing `code` at the instruction at byte `offset`
     with a stack of `len(shape)` slots (NULL, VALUE, or ITER: an iterator over the tuple
-    passed) and the locals `unbound` unset."""
+    passed) and the locals `unbound` unset.
+
+    `nested_call` (nested breaks): the byte offset of the call in `code` that inlined the
+    frame which broke; `offset` is the instruction after it. The resume function then takes
+    two more arguments, the inner frame's continuation and its argument tuple, and its
+    prologue makes that call (`fn(*args)`, its result pushed on the rebuilt stack) before
+    jumping to `offset`: tracing it inlines the inner continuation, so everything after the
+    break, at every level, is one graph."""
     per_code = _RESUME_CODES.setdefault(code, {})
-    key = (offset, shape, unbound)
+    key = (offset, shape, unbound, nested_call)
     hit = per_code.get(key)
     if hit is not None:
         return hit
@@ -397,6 +412,8 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
                              varnames=code.co_varnames, positions=target.positions)
     n_stack = sum(1 for kind in shape if kind != NULL)
     stack_names = [f"{_STACK}{k}" for k in range(n_stack)]
+    if nested_call is not None:
+        stack_names += [_NESTED_FN, _NESTED_ARGS]
     assert not set(stack_names) & set(code.co_varnames), "resume_code of a resume code"
     for n in stack_names:
         b.local(n)
@@ -411,6 +428,11 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
         if kind == ITER:
             prologue.append(b.inst("GET_ITER"))
         k += 1
+    if nested_call is not None:
+        prologue += [*b.call_prefix(), b.load_fast(_NESTED_FN), *b.call_infix(),
+                     b.load_fast(_NESTED_ARGS), b.inst("CALL_FUNCTION_EX", 0),
+                     b.inst("DELETE_FAST", b.local(_NESTED_FN)),
+                     b.inst("DELETE_FAST", b.local(_NESTED_ARGS))]
     prologue.append(b.inst("JUMP", target=target))
     line = target.lineno or code.co_firstlineno
     name = f"ferrodyn_resume_in_{code.co_name}_at_{line}"
@@ -421,7 +443,7 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
         co_consts=tuple(b.consts), co_names=tuple(b.names), co_flags=flags, co_name=name,
         co_qualname=f"{code.co_qualname}.<{name}>")
     shift = bytecode.decode(new)[len(prologue)].offset - insts[0].offset
-    _ORIGIN[new] = (code, shift)
+    _ORIGIN[new] = (code, shift, nested_call)
     per_code[key] = new
     return new
 
@@ -429,15 +451,34 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
 def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
     """(original code, byte shift) of a resume code: its instructions after the prologue are
     the original's, byte for byte, `shift` bytes later. (code, 0) for any other code."""
-    return _ORIGIN.get(code, (code, 0))
+    return _ORIGIN.get(code, (code, 0, None))[:2]
 
 
-def _resume_function(e, brk, offset: int, shape: tuple[int, ...]):
-    """The resume function of `brk` (a GraphBreak or an OuterFrame) continuing at `offset`."""
+def prologue_call(code: types.CodeType) -> int | None:
+    """For a nested resume code: the byte offset, in the original, of the call its prologue
+    makes again (a frame stopped at that prologue call is, in the original, at that call)."""
+    return _ORIGIN.get(code, (code, 0, None))[2]
+
+
+def _resume_function(e, brk, offset: int, shape: tuple[int, ...], nested_call: int | None = None):
+    """The resume function of `brk` (a GraphBreak or an OuterFrame) continuing at `offset`:
+    one function object per (resume code, globals), so that a nested resume function handed
+    to an enclosing level's (which guards its identity) is the same object for every entry."""
     unbound = frozenset(i for i, v in enumerate(brk.locals) if v is None)
-    code = resume_code(brk.code, offset, shape, unbound)
+    code = resume_code(brk.code, offset, shape, unbound, nested_call)
     f_globals = brk.f_globals if brk.f_globals is not None else e.globals["__ferrodyn_G"]
-    return types.FunctionType(code, f_globals, code.co_name)
+    key = (id(code), id(f_globals))
+    fn = _RESUME_FUNCTIONS.get(key)
+    if fn is None or fn.__code__ is not code or fn.__globals__ is not f_globals:
+        fn = types.FunctionType(code, f_globals, code.co_name)
+        _RESUME_FUNCTIONS[key] = fn
+    return fn
+
+
+# (id(resume code), id(globals)) -> function; an entry lives as long as some compiled entry
+# binds the function (which keeps the code and the globals, hence the ids, alive).
+_RESUME_FUNCTIONS: "weakref.WeakValueDictionary[tuple[int, int], types.FunctionType]" = \
+    weakref.WeakValueDictionary()
 
 
 def _next_offset(code: types.CodeType, offset: int) -> int:
@@ -463,32 +504,68 @@ def _set_grad(e, mode: bool) -> None:
     e.emit(e.inst("POP_TOP"))
 
 
-def _call_resume(e, brk, n_stack: int, ret: bool = True) -> None:
-    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack); then
-    continue the enclosing frames (nested breaks) with its result, and return."""
-    temps = [e.temp("s") for _ in range(n_stack)]
-    for t in reversed(temps):
-        e.emit(e.b.store_fast(t))
-    for v in brk.locals:
-        if v is None:
-            e.emit(e.b.load_const(None))
-        else:
-            e.emit_out(v)
+def _call_resume(e, brk, n_stack: int) -> None:
+    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack) and
+    return its result."""
+    temps = _store(e, n_stack)
+    _push_locals(e, brk)
     for t in temps:
         e.emit(e.b.load_fast(t))
     e.call(len(brk.locals) + n_stack)
-    if not ret:
+    e.ret()
+
+
+def _store(e, n: int) -> list[str]:
+    """Pop the top `n` values into fresh locals (bottom first)."""
+    temps = [e.temp("s") for _ in range(n)]
+    for t in reversed(temps):
+        e.emit(e.b.store_fast(t))
+    return temps
+
+
+def _push_locals(e, frame) -> None:
+    for v in frame.locals:
+        if v is None:
+            e.emit(e.b.load_const(None))  # unbound: the prologue deletes it
+        else:
+            e.emit_out(v)
+
+
+def _continue(e, brk: GraphBreak, fn, n_stack: int) -> None:
+    """Stack: n_stack values of the breaking frame's stack after the instruction (with `fn`,
+    its resume function, loaded below them with its NULL when the break is not nested).
+    Return what the root frame would: the resume function's result, or, for a nested break,
+    the result of the root's resume function, whose prologue calls the next level's with
+    the next level's arguments, and so on down to `fn` (see `resume_code`)."""
+    if not brk.outer:
+        _call_resume(e, brk, n_stack)
         return
-    for frame in reversed(getattr(brk, "outer", ())):
-        r = e.temp("r")
-        e.emit(e.b.store_fast(r))
-        nulls = tuple(NULL if v is None else ITER if it else VALUE
+    temps = _store(e, n_stack)
+    _push_locals(e, brk)
+    for t in temps:
+        e.emit(e.b.load_fast(t))
+    e.emit(e.inst("BUILD_TUPLE", len(brk.locals) + n_stack))
+    inner_fn = fn
+    for depth in range(len(brk.outer) - 1, -1, -1):
+        frame = brk.outer[depth]
+        args = e.temp("a")
+        e.emit(e.b.store_fast(args))
+        shape = tuple(NULL if v is None else ITER if it else VALUE
                       for v, it in zip(frame.stack, frame.iters))
-        e.load_callable(_resume_function(e, frame, _next_offset(frame.code, frame.offset),
-                                         nulls + (VALUE,)))
+        resume_fn = _resume_function(e, frame, _next_offset(frame.code, frame.offset), shape,
+                                     nested_call=frame.offset)
+        if depth == 0:
+            e.load_callable(resume_fn)
+        _push_locals(e, frame)
         _push(e, frame.stack)
-        e.emit(e.b.load_fast(r))
-        _call_resume(e, frame, sum(1 for v in frame.stack if v is not None) + 1, ret=False)
+        e.load_value(inner_fn)
+        e.emit(e.b.load_fast(args))
+        n = len(frame.locals) + sum(1 for v in frame.stack if v is not None) + 2
+        if depth == 0:
+            e.call(n)
+        else:
+            e.emit(e.inst("BUILD_TUPLE", n))
+        inner_fn = resume_fn
     e.ret()
 
 
@@ -507,9 +584,11 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
     nulls = tuple(NULL if v is None else ITER if it else VALUE
                   for v, it in zip(lower, brk.iters))
     n_lower = sum(1 for v in lower if v is not None)
+    nested = bool(brk.outer)  # the resume function is an argument, not called here
     if brk.kind == "call":
         fn = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls + (VALUE,))
-        e.load_callable(fn)
+        if not nested:
+            e.load_callable(fn)
         _push(e, lower)
         for v in inputs:
             if v is None:
@@ -523,7 +602,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             e.emit(e.inst(brk.opname, brk.arg))
         if brk.grad_on_error is not None:
             _protect(e, start, brk.grad_on_error)
-        _call_resume(e, brk, n_lower + 1)
+        _continue(e, brk, fn, n_lower + 1)
         return
     # a conditional jump on a value only known when the graph has run
     fn_next = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls)
@@ -533,14 +612,14 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         e.emit(e.inst("TO_BOOL"))
     jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
     e.emit(jump)
-    e.load_callable(fn_next)
-    _push(e, lower)
-    _call_resume(e, brk, n_lower)
-    first = len(e.insts)
-    e.load_callable(fn_jump)
-    jump.target = e.insts[first]
-    _push(e, lower)
-    _call_resume(e, brk, n_lower)
+    for k, fn in enumerate((fn_next, fn_jump)):
+        first = len(e.insts)
+        if not nested:
+            e.load_callable(fn)
+        _push(e, lower)
+        _continue(e, brk, fn, n_lower)
+        if k == 1:
+            jump.target = e.insts[first]
 
 
 def _protect(e, start: int, grad_mode: bool) -> None:
