@@ -31,6 +31,7 @@ Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's gra
 from __future__ import annotations
 
 import inspect
+import logging
 import operator
 import sys
 import types
@@ -283,6 +284,33 @@ class _Level:
         self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
 
 
+# original code -> offsets of the breaks already logged there (the graph_breaks channel logs
+# each break once); cleared by ferrodyn.reset()
+_LOGGED: "weakref.WeakKeyDictionary[types.CodeType, set[int]]" = weakref.WeakKeyDictionary()
+
+
+def reset_state() -> None:
+    _LOGGED.clear()
+
+
+def _log_break(levels: list, exc: Unsupported) -> None:
+    """The `graph_breaks` log record of a break that resumes: its reason and the user's stack
+    (each level's file and line, innermost last), once per (code, instruction)."""
+    from ferrodyn.logs import graph_breaks_log
+    if not graph_breaks_log.isEnabledFor(logging.DEBUG):
+        return
+    inner = levels[-1]
+    seen = _LOGGED.setdefault(inner.code, set())
+    if inner.offset in seen:
+        return
+    seen.add(inner.offset)
+    stack = "\n".join(f'  File "{lv.code.co_filename}", line {lv.inst.lineno}, in {lv.code.co_name}'
+                      for lv in levels)
+    graph_breaks_log.debug("Graph break in user code at %s:%s\nReason: %s\nUser code traceback:\n%s",
+                           inner.code.co_filename, inner.inst.lineno, exc.construct
+                           if isinstance(exc, Unsupported) else exc, stack)
+
+
 def _is_grad_exit(v) -> bool:
     """Whether rebuilt value `v` stands for a grad-mode `with` block's `__exit__`."""
     return isinstance(getattr(v, "value", None), GradModeRestore)
@@ -363,6 +391,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
     f = frames[-1]
     if any(f.iters[len(f.stack) - n_in:]):
         _refuse(exc, "an iterator among the breaking instruction's inputs")
+    _log_break(levels, exc)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
     result.graph_break = GraphBreak(
         code=f.code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
