@@ -9,9 +9,10 @@ Owns three things:
   specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
   `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
   as before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one
-  (or any `with` around an inlined call), autocast changed, closures/cells, a new mutable
-  object reachable twice, a live value it cannot rebuild, an enclosing call that is not a
-  plain call of a user function.
+  (or any `with` around an inlined call), autocast changed, closures/cells, a new iterator
+  reachable twice (new lists, dicts and sets live in two places are rebuilt once and
+  referenced twice), a live value it cannot rebuild, an enclosing call that is not a plain
+  call of a user function. Each resumed break is logged once on the `graph_breaks` channel.
 - `resume_code(code, offset, nulls, unbound)`: the resume function's code, built with
   `ferrodyn.bytecode` from the *original* code: a prologue takes every local of the original
   (in co_varnames order) then the non-NULL stack values as positional arguments, deletes the
@@ -21,8 +22,10 @@ Owns three things:
 - `emit_break(emitter, brk)`: the entry's instructions after the graph call: set the grad
   mode of the break, push the resume function, the stack, run the instruction (a call, or the
   conditional jump choosing between two resume functions), store the stack, push the locals,
-  call the resume function; for nested breaks, push its result onto each enclosing level's
-  stack and call that level's resume function, innermost first; return the root's value.
+  call the resume function. For nested breaks the innermost resume function is not called
+  there: the root's resume function is, with the next level's resume function and argument
+  tuple as two more arguments (and so on inwards); its prologue calls them, so tracing it
+  inlines every level and what follows the break is one graph (torch's nested graph breaks).
 
 Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
 (codegen.py).
@@ -30,6 +33,7 @@ Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's gra
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import operator
@@ -183,6 +187,8 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
         return
     key = id(state)
     if key in seen:
+        if isinstance(v, _SHARED_REBUILD):
+            return  # rebuilt once (SideEffects.shared), referenced at each place
         _refuse(exc, f"{v.describe()} is reachable twice from the live values")
     seen[key] = v
     if isinstance(v, ListVariable):
@@ -195,6 +201,18 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
     elif isinstance(v, IteratorVariable):
         for item in state.items[state.index:]:
             _mutable_identities(item, seen, lists, exc)
+
+
+def _shared_rebuild_types() -> tuple[type, ...]:
+    """Trackers of new objects whose `reconstruct` goes through `SideEffects.shared`: one
+    object per entry call however often it is reached, so they may be live in two places."""
+    from ferrodyn.variables.dicts import DictVariable
+    from ferrodyn.variables.lists import ListVariable
+    from ferrodyn.variables.sets import SetVariable
+    return (ListVariable, DictVariable, SetVariable)
+
+
+_SHARED_REBUILD: tuple[type, ...] = ()
 
 
 def _check_iterator(v, lists: set, exc: Unsupported) -> None:
@@ -350,6 +368,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
     if any(lv.exits for lv in levels[:-1]):
         _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")
     inner = levels[-1]
+    global _SHARED_REBUILD
+    _SHARED_REBUILD = _SHARED_REBUILD or _shared_rebuild_types()
     seen: dict = {}
     lists: set = set()
     for lv in levels:
@@ -604,7 +624,34 @@ def _push(e, values) -> None:
             e.emit_out(v)
 
 
+def _materialise_shared(e, brk: GraphBreak) -> None:
+    """Evaluate every OutShared among the live values (a new object live in two places) once,
+    before the breaking instruction: both places, on every path out of it, then refer to
+    that one object (and see what the instruction does to it)."""
+    found: list = []
+
+    def walk(o):
+        if isinstance(o, OutShared):
+            found.append(o)
+        if dataclasses.is_dataclass(o):
+            for f in dataclasses.fields(o):
+                v = getattr(o, f.name)
+                for item in (v if isinstance(v, tuple) else (v,)):
+                    if isinstance(item, Out):
+                        walk(item)
+
+    for frame in (*brk.outer, brk):
+        for o in (*frame.stack, *frame.locals):
+            if o is not None:
+                walk(o)
+    for o in found:
+        if o.key not in e.shared:
+            e.emit_out(o)
+            e.emit(e.inst("POP_TOP"))
+
+
 def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
+    _materialise_shared(e, brk)
     _set_grad(e, brk.grad_mode)
     n_low = len(brk.stack) - brk.n_inputs
     lower, inputs = brk.stack[:n_low], brk.stack[n_low:]
