@@ -273,8 +273,15 @@ class _Level:
             self.offset = prologue_call(tx.code)
             if self.offset is None or inst.opname != "CALL_FUNCTION_EX":
                 _refuse(exc, f"a break in the prologue of {tx.code.co_name}")
-        if self.code.co_cellvars or self.code.co_freevars:
-            _refuse(exc, f"{self.code.co_name} has closure cells")
+        if self.code.co_cellvars:
+            _refuse(exc, f"{self.code.co_name} has cell variables (captured by an inner function)")
+        if self.code.co_freevars:
+            # the root's resume function is made per call with the frame's own cells; an
+            # inner level's is handed over as an argument, so it must be one object
+            if tx.parent is not None:
+                _refuse(exc, f"{self.code.co_name} is an inlined closure")
+            if len(self.code.co_varnames) + len(tx.stack) + 2 + len(self.code.co_freevars) > 255:
+                _refuse(exc, f"{self.code.co_name} has too many locals for its closure's slots")
         if not innermost:
             # the call that inlined the next level must be a plain call of that function, so
             # that its result is exactly what the inner frames return
@@ -433,6 +440,10 @@ _RESUME_CODES: "weakref.WeakKeyDictionary[types.CodeType, dict]" = weakref.WeakK
 _ORIGIN: "weakref.WeakKeyDictionary[types.CodeType, tuple]" = weakref.WeakKeyDictionary()
 
 
+# instructions whose argument indexes the cell/free slots (after the locals)
+_DEREF_OPS = frozenset({"LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE", "MAKE_CELL",
+                        "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF"})
+
 NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
 
 
@@ -466,7 +477,14 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
     assert not set(stack_names) & set(code.co_varnames), "resume_code of a resume code"
     for n in stack_names:
         b.local(n)
-    prologue = [b.resume()]
+    added = len(b.varnames) - len(code.co_varnames)
+    if code.co_freevars:
+        # free variables live after the locals: the slots the added locals take shift them
+        for i in insts:
+            if i.opname in _DEREF_OPS:
+                i.arg += added
+    prologue = [b.inst("COPY_FREE_VARS", len(code.co_freevars))] if code.co_freevars else []
+    prologue += [b.resume()]
     prologue += [b.inst("DELETE_FAST", i) for i in sorted(unbound)]
     k = 0
     for kind in shape:
@@ -491,7 +509,10 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
         co_kwonlyargcount=0, co_varnames=tuple(b.varnames), co_nlocals=len(b.varnames),
         co_consts=tuple(b.consts), co_names=tuple(b.names), co_flags=flags, co_name=name,
         co_qualname=f"{code.co_qualname}.<{name}>")
-    shift = bytecode.decode(new)[len(prologue)].offset - insts[0].offset
+    after = bytecode.decode(new)[len(prologue):]
+    shift = after[0].offset - insts[0].offset
+    if any(a.offset - i.offset != shift for a, i in zip(after, insts)):
+        raise ValueError(f"resume_code: {code.co_name}'s instructions moved (an argument grew)")
     _ORIGIN[new] = (code, shift, nested_call)
     per_code[key] = new
     return new
@@ -519,7 +540,10 @@ def _resume_function(e, brk, offset: int, shape: tuple[int, ...], nested_call: i
     key = (id(code), id(f_globals))
     fn = _RESUME_FUNCTIONS.get(key)
     if fn is None or fn.__code__ is not code or fn.__globals__ is not f_globals:
-        fn = types.FunctionType(code, f_globals, code.co_name)
+        # a closure's stands for its code and globals: the entry makes one per call with the
+        # frame's cells (`_load_resume`); these empty cells are never read
+        cells = tuple(types.CellType() for _ in code.co_freevars) or None
+        fn = types.FunctionType(code, f_globals, code.co_name, None, cells)
         _RESUME_FUNCTIONS[key] = fn
     return fn
 
@@ -564,6 +588,27 @@ def _call_resume(e, brk, n_stack: int) -> None:
     e.ret()
 
 
+def _load_resume(e, fn) -> None:
+    """The resume function as a callable (with its NULL). A closure's is made for this call
+    with the frame's own cells (`FunctionType(code, globals, name, None, cells)`), so that it
+    reads and writes the same cells as the frame it continues."""
+    code = fn.__code__
+    if not code.co_freevars:
+        e.load_callable(fn)
+        return
+    e.emit(*e.b.call_prefix())
+    e.load_callable(types.FunctionType)
+    e.load_value(code)
+    e.load_value(fn.__globals__)
+    e.load_value(code.co_name)
+    e.emit(e.b.load_const(None))
+    for j in range(len(code.co_freevars)):
+        e.emit(e.b.load_fast(e.cell_names[j]))
+    e.emit(e.inst("BUILD_TUPLE", len(code.co_freevars)))
+    e.call(5)
+    e.emit(*e.b.call_infix())
+
+
 def _store(e, n: int) -> list[str]:
     """Pop the top `n` values into fresh locals (bottom first)."""
     temps = [e.temp("s") for _ in range(n)]
@@ -604,7 +649,7 @@ def _continue(e, brk: GraphBreak, fn, n_stack: int) -> None:
         resume_fn = _resume_function(e, frame, _next_offset(frame.code, frame.offset), shape,
                                      nested_call=frame.offset)
         if depth == 0:
-            e.load_callable(resume_fn)
+            _load_resume(e, resume_fn)
         _push_locals(e, frame)
         _push(e, frame.stack)
         e.load_value(inner_fn)
@@ -664,7 +709,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
     if brk.kind == "call":
         fn = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls + (VALUE,))
         if not nested:
-            e.load_callable(fn)
+            _load_resume(e, fn)
         _push(e, lower)
         for v in inputs:
             if v is None:
@@ -691,7 +736,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
     for k, fn in enumerate((fn_next, fn_jump)):
         first = len(e.insts)
         if not nested:
-            e.load_callable(fn)
+            _load_resume(e, fn)
         _push(e, lower)
         _continue(e, brk, fn, n_lower)
         if k == 1:
