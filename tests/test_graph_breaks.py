@@ -2,7 +2,8 @@
 and with torch.compile (CountingBackend on both) and compared with eager: results, gradients,
 grad mode, graph counts (at most torch.compile's) and captured ops (at least torch.compile's);
 breaks in loops, with new objects live across them, and the breaks that must not resume
-(inside `try`) still give eager's values. Aliased new objects: test_graph_breaks_aliasing.py."""
+(frames with cell variables) still give eager's values. Aliased new objects, closures, try and
+`with` blocks: test_graph_breaks_{aliasing,closures,handlers}.py."""
 
 import sys
 
@@ -231,13 +232,25 @@ def in_try(x):
     return y
 
 
+def with_cell(x):
+    y = x + 1
+    scale = lambda t: t * y  # noqa: E731  (y is a cell of this frame)
+    print("break")
+    return scale(x)
+
+
 def test_breaks_that_cannot_resume_exactly_run_eagerly():
     x = torch.randn(3)
-    for fn in (in_try,):
+    for fn in (with_cell,):
         ours = CountingBackend()
         got = ferrodyn.compile(fn, backend=ours)(x)
         assert_close(got, fn(x))
-        assert ours.count == 0
+        assert ours.count == 1  # only the lambda's frame, compiled on its own
+
+
+def test_break_in_a_try_block_resumes():
+    ours, theirs = both(in_try, torch.randn(3), at_most_torch=False)
+    assert ours.count == 2 and theirs.count == 0  # torch.compile runs the frame eagerly
 
 
 def test_error_in_the_broken_instruction_inside_no_grad_restores_grad_mode():

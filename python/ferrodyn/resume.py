@@ -8,8 +8,10 @@ Owns three things:
   level) says how the entry continues: the live stack (NULLs included) and locals as `Out`
   specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
   `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
-  as before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one
-  (or any `with` around an inlined call), autocast changed, closures/cells, a new iterator
+  as before) when it is not sure: an enclosing level's call inside a `try` or any `with`
+  (the breaking level's `try`/`with` blocks are fine: an exception from the instruction run
+  at the break continues in a resume function starting at the frame's own handler), a live
+  autocast `with`, autocast changed, cell variables, an inlined closure, a new iterator
   reachable twice (new lists, dicts and sets live in two places are rebuilt once and
   referenced twice), a live value it cannot rebuild, an enclosing call that is not a plain
   call of a user function. Each resumed break is logged once on the `graph_breaks` channel.
@@ -76,6 +78,7 @@ class GraphBreak:
     lineno: int | None
     f_globals: dict | None = None      # the globals of `code` (an inlined function's own)
     outer: tuple = ()                  # OuterFrame per enclosing frame, root first (nested breaks)
+    handler: tuple | None = None       # (target, depth, lasti) of the exception handler around it
 
 
 class GradModeRestore:
@@ -295,7 +298,7 @@ class _Level:
                 _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
                              "inlines more than one plain call")
         levels = _with_levels(self.code, self.offset)
-        if levels is None:
+        if levels is None and not innermost:
             _refuse(exc, f"the call in {self.code.co_name} is inside a try block")
         self.stack = []
         self.exits = []
@@ -304,8 +307,18 @@ class _Level:
             if _is_grad_exit(r):
                 self.exits.append(r.value.prev)
             self.stack.append(r)
-        if len(self.exits) != levels:
+        if not innermost and len(self.exits) != levels:
             _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
+        # The breaking frame's innermost exception handler (a `try`, or a `with` block's
+        # cleanup: user context managers' `__exit__` are live values like any other): an
+        # exception from the instruction run at the break continues there (`raise_at`).
+        self.handler = None
+        if innermost:
+            h = _inst_at(bytecode.decode(self.code), self.offset).exn
+            if h is not None:
+                if h.depth > len(tx.stack) - n_inputs(inst):
+                    _refuse(exc, "an exception handler deeper than the stack below the break")
+                self.handler = (h.target.offset, h.depth, h.lasti)
         self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
 
 
@@ -425,7 +438,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
         arg=inst.arg or 0, offset=f.offset, stack=f.stack, iters=f.iters, n_inputs=n_in,
         kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=torch.is_grad_enabled(),
         grad_on_error=inner.exits[0] if inner.exits else None, reason=exc, lineno=inst.lineno,
-        f_globals=f.f_globals, outer=tuple(frames[:-1]))
+        f_globals=f.f_globals, outer=tuple(frames[:-1]), handler=inner.handler)
     return result
 
 
@@ -448,7 +461,8 @@ NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
 
 
 def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
-                unbound: frozenset[int], nested_call: int | None = None) -> types.CodeType:
+                unbound: frozenset[int], nested_call: int | None = None,
+                raise_at: int | None = None) -> types.CodeType:
     """The code of the resume function continuing `code` at the instruction at byte `offset`
     with a stack of `len(shape)` slots (NULL, VALUE, or ITER: an iterator over the tuple
     passed) and the locals `unbound` unset.
@@ -458,9 +472,14 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
     two more arguments, the inner frame's continuation and its argument tuple, and its
     prologue makes that call (`fn(*args)`, its result pushed on the rebuilt stack) before
     jumping to `offset`: tracing it inlines the inner continuation, so everything after the
-    break, at every level, is one graph."""
+    break, at every level, is one graph.
+
+    `raise_at` (an exception from the instruction at that byte, run at the break): `offset`
+    is its exception handler, the last stack value is the exception, and the prologue pushes
+    below it, when the handler wants it, the raising instruction's index in the new code
+    (`lasti`: what RERAISE uses to find the next handler, the same as in the original)."""
     per_code = _RESUME_CODES.setdefault(code, {})
-    key = (offset, shape, unbound, nested_call)
+    key = (offset, shape, unbound, nested_call, raise_at)
     hit = per_code.get(key)
     if hit is not None:
         return hit
@@ -486,11 +505,19 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
     prologue = [b.inst("COPY_FREE_VARS", len(code.co_freevars))] if code.co_freevars else []
     prologue += [b.resume()]
     prologue += [b.inst("DELETE_FAST", i) for i in sorted(unbound)]
+    lasti = None
+    if raise_at is not None:
+        h = _inst_at(insts, raise_at).exn
+        assert h is not None and h.target is target, "raise_at: not the instruction's handler"
+        if h.lasti:
+            lasti = b.inst("LOAD_CONST", b.const(_LastiPlaceholder))
     k = 0
     for kind in shape:
         if kind == NULL:
             prologue.append(b.inst("PUSH_NULL"))
             continue
+        if lasti is not None and k == n_stack - 1:
+            prologue.append(lasti)
         prologue.append(b.load_fast(stack_names[k]))
         if kind == ITER:
             prologue.append(b.inst("GET_ITER"))
@@ -513,9 +540,17 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
     shift = after[0].offset - insts[0].offset
     if any(a.offset - i.offset != shift for a, i in zip(after, insts)):
         raise ValueError(f"resume_code: {code.co_name}'s instructions moved (an argument grew)")
+    if lasti is not None:
+        consts = list(new.co_consts)
+        consts[lasti.arg] = (raise_at + shift) // 2  # in code units, as CPython pushes it
+        new = new.replace(co_consts=tuple(consts))
     _ORIGIN[new] = (code, shift, nested_call)
     per_code[key] = new
     return new
+
+
+class _LastiPlaceholder:
+    """Stands in co_consts for a resume prologue's lasti until the code is laid out."""
 
 
 def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
@@ -530,12 +565,13 @@ def prologue_call(code: types.CodeType) -> int | None:
     return _ORIGIN.get(code, (code, 0, None))[2]
 
 
-def _resume_function(e, brk, offset: int, shape: tuple[int, ...], nested_call: int | None = None):
+def _resume_function(e, brk, offset: int, shape: tuple[int, ...], nested_call: int | None = None,
+                     raise_at: int | None = None):
     """The resume function of `brk` (a GraphBreak or an OuterFrame) continuing at `offset`:
     one function object per (resume code, globals), so that a nested resume function handed
     to an enclosing level's (which guards its identity) is the same object for every entry."""
     unbound = frozenset(i for i, v in enumerate(brk.locals) if v is None)
-    code = resume_code(brk.code, offset, shape, unbound, nested_call)
+    code = resume_code(brk.code, offset, shape, unbound, nested_call, raise_at)
     f_globals = brk.f_globals if brk.f_globals is not None else e.globals["__ferrodyn_G"]
     key = (id(code), id(f_globals))
     fn = _RESUME_FUNCTIONS.get(key)
@@ -721,7 +757,9 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             e.call(brk.arg, brk.kw_names)
         else:
             e.emit(e.inst(brk.opname, brk.arg))
-        if brk.grad_on_error is not None:
+        if brk.handler is not None:
+            _on_exception(e, brk, start)
+        elif brk.grad_on_error is not None:
             _protect(e, start, brk.grad_on_error)
         _continue(e, brk, fn, n_lower + 1)
         return
@@ -729,10 +767,13 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
     fn_next = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls)
     fn_jump = _resume_function(e, brk, _jump_target_offset(brk.code, brk.offset), nulls)
     e.emit_out(inputs[0])
+    start = len(e.insts)
     if _VERSION >= (3, 13):
         e.emit(e.inst("TO_BOOL"))
     jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
     e.emit(jump)
+    if brk.handler is not None:  # the truth of the value can raise (a tensor of many items)
+        _on_exception(e, brk, start)
     for k, fn in enumerate((fn_next, fn_jump)):
         first = len(e.insts)
         if not nested:
@@ -741,6 +782,33 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         _continue(e, brk, fn, n_lower)
         if k == 1:
             jump.target = e.insts[first]
+
+
+def _on_exception(e, brk: GraphBreak, start: int) -> None:
+    """An exception from the instructions since `start` (the one run at the break) continues
+    in the frame's own handler, as in eager: the handler's resume function gets the stack
+    below the handler's depth and the exception (and returns, or raises, what the frame
+    would). The entry's stack is empty before the break's instructions, so the entry's
+    handler starts with just the exception."""
+    target, depth, _ = brk.handler
+    below = brk.stack[:depth]
+    shape = tuple(NULL if v is None else ITER if it else VALUE
+                  for v, it in zip(below, brk.iters)) + (VALUE,)
+    fn = _resume_function(e, brk, target, shape, raise_at=brk.offset)
+    body, e.insts = e.insts, []
+    exc_tmp = e.temp("exc")
+    first = e.b.store_fast(exc_tmp)
+    e.emit(first)
+    if not brk.outer:
+        _load_resume(e, fn)
+    _push(e, below)
+    e.emit(e.b.load_fast(exc_tmp))
+    _continue(e, brk, fn, sum(1 for v in below if v is not None) + 1)
+    handler, e.insts = e.insts, body
+    on_error = bytecode.ExnHandler(first, 0, False)
+    for i in e.insts[start:]:
+        i.exn = on_error
+    e.tail += handler
 
 
 def _protect(e, start: int, grad_mode: bool) -> None:
