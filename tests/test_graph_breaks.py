@@ -378,3 +378,30 @@ def test_a_graph_whose_outputs_are_unused_still_runs_its_in_place_ops():
         torch.testing.assert_close(x, xs[0])
         torch.testing.assert_close(y, ys[0])
     assert ours.count == theirs.count == 1
+
+
+def grad_switch_before_break(x):
+    with torch.no_grad():
+        a = x * 2              # the graph switches grad mode off and back on
+    torch.set_grad_enabled(False)
+    b = x * 3                  # no grad from here on, across the break
+    torch._dynamo.graph_break()
+    c = x * 4
+    torch.set_grad_enabled(True)
+    return a, b, c, x * 5
+
+
+@pytest.mark.parametrize("outer_grad", [True, False])
+def test_grad_mode_at_the_break_is_set_only_when_it_differs(outer_grad):
+    """The entry skips setting grad mode at the break when it is the guarded one; it must
+    still set it when the traced code changed it (here: off at the break)."""
+    x = torch.randn(3, requires_grad=True)
+    with torch.set_grad_enabled(outer_grad):
+        want = grad_switch_before_break(x)
+        torch.set_grad_enabled(outer_grad)
+        c = ferrodyn.compile(grad_switch_before_break, backend=CountingBackend())
+        for _ in range(2):
+            got = c(x)
+            torch.set_grad_enabled(outer_grad)
+            assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+            assert_close(got, want)

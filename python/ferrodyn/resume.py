@@ -79,6 +79,8 @@ class GraphBreak:
     f_globals: dict | None = None      # the globals of `code` (an inlined function's own)
     outer: tuple = ()                  # OuterFrame per enclosing frame, root first (nested breaks)
     handler: tuple | None = None       # (target, depth, lasti) of the exception handler around it
+    set_grad: bool = True              # the entry sets grad_mode (False: it is the guarded one)
+    noop: bool = False                 # the call does nothing (a break marker): its result is None
 
 
 class GradModeRestore:
@@ -362,7 +364,24 @@ def _callee(inputs, inst):
     return second if isinstance(first, NullVariable) else first
 
 
-def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
+def _noop_calls() -> frozenset:
+    """Break markers whose call does nothing: the entry takes None as their result instead of
+    calling them (identified by identity; their loads are guarded like any callee's)."""
+    from ferrodyn.exc import graph_break
+    return frozenset({graph_break, getattr(torch._dynamo, "graph_break", graph_break)})
+
+
+def _graph_sets_grad(gm) -> bool:
+    """Whether the captured graph switches grad mode itself (then the entry always sets the
+    mode of the break)."""
+    for n in getattr(getattr(gm, "graph", None), "nodes", ()):
+        if n.op in ("call_function", "call_method") and "grad" in getattr(n.target, "__name__", str(n.target)):
+            return True
+    return False
+
+
+def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
+                  grad_at_entry: bool | None = None) -> TraceResult:
     """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
     before it; tx's parents, if any, are inside the calls that inlined it). Re-raises `exc`
     when the break cannot be resumed exactly."""
@@ -432,11 +451,17 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
     if any(f.iters[len(f.stack) - n_in:]):
         _refuse(exc, "an iterator among the breaking instruction's inputs")
     _log_break(levels, exc)
+    noop = False
+    if inst.opname in _CALLS:
+        callee = _callee(tx.stack[len(tx.stack) - n_in:], inst)
+        noop = getattr(tx.realize(callee), "fn", None) in _noop_calls() if callee is not None else False
+    grad = torch.is_grad_enabled()
+    set_grad = grad != grad_at_entry or _graph_sets_grad(result.graph)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
     result.graph_break = GraphBreak(
         code=f.code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
         arg=inst.arg or 0, offset=f.offset, stack=f.stack, iters=f.iters, n_inputs=n_in,
-        kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=torch.is_grad_enabled(),
+        kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=grad, set_grad=set_grad, noop=noop,
         grad_on_error=inner.exits[0] if inner.exits else None, reason=exc, lineno=inst.lineno,
         f_globals=f.f_globals, outer=tuple(frames[:-1]), handler=inner.handler)
     return result
@@ -733,7 +758,8 @@ def _materialise_shared(e, brk: GraphBreak) -> None:
 
 def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
     _materialise_shared(e, brk)
-    _set_grad(e, brk.grad_mode)
+    if brk.set_grad:
+        _set_grad(e, brk.grad_mode)
     n_low = len(brk.stack) - brk.n_inputs
     lower, inputs = brk.stack[:n_low], brk.stack[n_low:]
     if any(brk.iters[n_low:]):
@@ -747,6 +773,10 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         if not nested:
             _load_resume(e, fn)
         _push(e, lower)
+        if brk.noop:
+            e.emit(e.b.load_const(None))
+            _continue(e, brk, fn, n_lower + 1)
+            return
         for v in inputs:
             if v is None:
                 e.emit(e.inst("PUSH_NULL"))
