@@ -49,10 +49,13 @@ import torch
 
 from ferrodyn import bytecode
 from ferrodyn.exc import Unsupported
+from ferrodyn.guard_spec import GuardKind
+from ferrodyn.source import ItemSource
 from ferrodyn.side_effects import MutationType
 from ferrodyn.trace_result import (
-    Out, OutCall, OutConst, OutList, OutShared, OutTuple, TraceResult,
+    Out, OutCall, OutConst, OutList, OutShared, OutSource, OutTuple, TraceResult,
 )
+from ferrodyn.variables.base import LazyVariable, VariableTracker
 
 _VERSION = sys.version_info[:2]
 _CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
@@ -227,6 +230,10 @@ def _check_iterator(v, lists: set, exc: Unsupported) -> None:
     function, not in `items[index:]`), and list iterators over a list that is live itself or
     comes from outside the frame (a later mutation would show in CPython's iterator)."""
     st = v.state
+    if st.exhausted:
+        _refuse(exc, "an exhausted iterator is live across the break")
+    if isinstance(st.step, _LoopRestStep):
+        return  # the rest of an input: rebuilt from it (`_LoopRestStep.rest`)
     if st.step is not None:
         _refuse(exc, "a lazy iterator (enumerate, zip, reversed, map, filter, dict) is live "
                      "across the break")
@@ -246,9 +253,66 @@ def _reconstruct(tx, v, on_stack: bool) -> Out:
         return v.make(tx)
     if isinstance(v, IteratorVariable):
         st = v.state
+        if isinstance(st.step, _LoopRestStep):
+            rest = st.step.rest()
+            return rest if on_stack else OutCall(iter, (rest,))
         rest = tuple(tx.realize(i).reconstruct(tx) for i in st.items[st.index:])
-        return OutTuple(rest) if on_stack else OutCall(iter, (OutList(rest),))
+        return OutCall(LoopRest, (OutTuple(rest),)) if on_stack else OutCall(iter, (OutList(rest),))
     return tx.realize(v).reconstruct(tx)
+
+
+class LoopRest(tuple):
+    """What a `for` loop's iterator still yields, handed to a resume function (its prologue
+    iterates it: GET_ITER). A tuple to CPython; to the converter an input iterated lazily
+    (`LoopRestVariable`): item k is guarded only when the loop reaches it, and its length only
+    when the loop ends, so the resume function of a loop body is not specialised on how many
+    iterations are left."""
+    __slots__ = ()
+
+
+class _LoopRestStep:
+    """The step of an iterator over a LoopRest input: item `pos` through its Source (a type
+    guard on it fails where the input is shorter), or, past the end, a length guard."""
+
+    def __init__(self, source, value: tuple):
+        self.source, self.value, self.pos = source, value, 0
+
+    def __call__(self, tx):
+        if self.pos >= len(self.value):
+            tx.output.install_guard(self.source, GuardKind.LENGTH, self.pos)
+            return None
+        src = ItemSource(self.source, self.pos)
+        v = self.value[self.pos]
+        tx.output.install_guard(src, GuardKind.TYPE_MATCH, type(v))
+        self.pos += 1
+        return tx.realize(LazyVariable(source=src, value=v))
+
+    def rest(self) -> Out:
+        return OutCall(LoopRest, (OutCall(operator.getitem, (OutSource(self.source),
+                                                             OutConst(slice(self.pos, None)))),))
+
+
+def build_loop_rest(tx, value: LoopRest, source):
+    """The builder's entry for a LoopRest input (variables/builder.py's type table)."""
+    from ferrodyn.variables.lists import IterState, IteratorVariable
+    tx.output.install_guard(source, GuardKind.TYPE_MATCH, LoopRest)
+    return _LoopRestVariable(source=source, value=value,
+                             it=IteratorVariable(state=IterState([], step=_LoopRestStep(source, value))))
+
+
+@dataclass(frozen=True, eq=False)
+class _LoopRestVariable(VariableTracker):
+    value: Any = None
+    it: Any = None
+
+    def python_type(self):
+        return LoopRest
+
+    def describe(self):
+        return "the rest of a loop's iterator"
+
+    def iterator(self, tx):
+        return self.it  # one iterator: the prologue's GET_ITER is its only use
 
 
 @dataclass
@@ -703,7 +767,7 @@ def _continue(e, brk: GraphBreak, fn, n_stack: int) -> None:
     inner_fn = fn
     for depth in range(len(brk.outer) - 1, -1, -1):
         frame = brk.outer[depth]
-        args = e.temp("a")
+        args = e.temp("nested")
         e.emit(e.b.store_fast(args))
         shape = tuple(NULL if v is None else ITER if it else VALUE
                       for v, it in zip(frame.stack, frame.iters))
