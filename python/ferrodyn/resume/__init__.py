@@ -1,6 +1,6 @@
 """Graph breaks that resume: what happens at an instruction the converter cannot capture.
 
-Owns three things (one module each, re-exported here):
+Owns (one module each: capture.py, code.py, emit.py, loops.py; re-exported here):
 - `capture_break(tx, exc)`: at the breaking instruction (the translator stopped just before
   it; when it is inside inlined calls, every enclosing translator is stopped inside its call),
   decide whether the state of every level can be rebuilt exactly, and if so turn it into a
@@ -28,6 +28,10 @@ Owns three things (one module each, re-exported here):
   there: the root's resume function is, with the next level's resume function and argument
   tuple as two more arguments (and so on inwards); its prologue calls them, so tracing it
   inlines every level and what follows the break is one graph (torch's nested graph breaks).
+  An exception from the instruction run at the break continues in a resume function that
+  starts at the frame's own handler (`try`, `with` cleanups).
+- `LoopRest` (loops.py): a `for` loop's iterator handed to a resume function, iterated lazily
+  so that a loop body's resume function reaches a steady state.
 
 Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
 (codegen.py).
