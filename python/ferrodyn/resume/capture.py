@@ -187,8 +187,6 @@ def _check_iterator(v, lists: set, exc: Unsupported) -> None:
     function, not in `items[index:]`), and list iterators over a list that is live itself or
     comes from outside the frame (a later mutation would show in CPython's iterator)."""
     st = v.state
-    if st.exhausted:
-        _refuse(exc, "an exhausted iterator is live across the break")
     if isinstance(st.step, _LoopRestStep):
         return  # the rest of an input: rebuilt from it (`_LoopRestStep.rest`)
     if st.step is not None:
@@ -421,7 +419,10 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
     noop = False
     if inst.opname in _CALLS:
         callee = _callee(tx.stack[len(tx.stack) - n_in:], inst)
-        noop = getattr(tx.realize(callee), "fn", None) in _noop_calls() if callee is not None else False
+        try:
+            noop = callee is not None and getattr(tx.realize(callee), "fn", None) in _noop_calls()
+        except TypeError:  # an unhashable callee
+            noop = False
     grad = torch.is_grad_enabled()
     set_grad = grad != grad_at_entry or _graph_sets_grad(result.graph)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
