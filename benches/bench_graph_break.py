@@ -2,7 +2,9 @@
 (compiled call - eager call), ferrodyn vs torch.compile, both backend="eager", measured like
 bench_overhead (rounds alternate eager / ferrodyn / torch.compile; thread CPU time; one
 intra-op thread). Cases: the break at `torch._dynamo.graph_break()` between two tensor ops,
-and a data-dependent `if` on a tensor (the entry chooses between two resume functions)."""
+a data-dependent `if` on a tensor (the entry chooses between two resume functions), and a
+break inside a called helper (ferrodyn: two graphs, the root's resume function inlining the
+helper's; torch.compile by default: three graphs and two resume functions)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,16 @@ def tensor_if(x, y):
     return z - 1
 
 
+def _helper(h):
+    h = h.cos()
+    torch._dynamo.graph_break()
+    return h * 2
+
+
+def nested_break(x, y):
+    return _helper(x * y) + y
+
+
 def run(rounds: int = 60) -> list[dict]:
     import torch._dynamo
 
@@ -46,7 +58,8 @@ def run(rounds: int = 60) -> list[dict]:
     rows = []
     try:
         for name, fn in (("graph_break() between two ops", explicit_break),
-                         ("data-dependent if", tensor_if)):
+                         ("data-dependent if", tensor_if),
+                         ("graph_break() in a helper (nested)", nested_break)):
             args = (torch.randn(4).abs(), torch.randn(4).abs())
             ferrodyn.reset()
             torch._dynamo.reset()

@@ -30,11 +30,21 @@ skip_file_prefixes: tuple[str, ...] = ()
 #: Print a warning (besides the log record) when a frame runs eagerly because it is unsupported.
 verbose: bool = False
 
+#: Functions whose calls are reordered after the graph instead of breaking it, like torch's
+#: `torch._dynamo.config.reorderable_logging_functions` (e.g. `{print}`): a call whose arguments
+#: are all tensors or constants is recorded and run by the entry after the graph (before any
+#: later eager code, in program order), its result taken as None. Empty by default: `print`
+#: breaks the graph, as in torch.compile. As there, a tensor argument is passed as the graph
+#: computed it: an in-place change of that tensor later in the same graph shows in the output.
+#: (`logging.Logger` output methods and `warnings.warn` are always replayed this way.)
+reorderable_logging_functions: set = set()
+
 _TYPES = {
     "cache_size_limit": int,
     "suppress_errors": bool,
     "skip_file_prefixes": tuple,
     "verbose": bool,
+    "reorderable_logging_functions": set,
 }
 
 
@@ -57,6 +67,8 @@ def _check(name: str, value) -> None:
         raise TypeError(f"ferrodyn.config.{name} must be a non-negative int, got {value!r}")
     if want is bool and not isinstance(value, bool):
         raise TypeError(f"ferrodyn.config.{name} must be a bool, got {type(value).__name__}")
+    if want is set and not (isinstance(value, (set, frozenset)) and all(callable(f) for f in value)):
+        raise TypeError(f"ferrodyn.config.{name} must be a set of callables, got {value!r}")
     if want is tuple and not (isinstance(value, tuple) and all(isinstance(p, str) for p in value)):
         raise TypeError(f"ferrodyn.config.{name} must be a tuple of str, got {value!r}")
 

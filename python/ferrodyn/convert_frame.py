@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from ferrodyn import _C, codegen, config, dynamic, symbolic_shapes
+from ferrodyn import _C, codegen, config, dynamic, resume, symbolic_shapes
 from ferrodyn.exc import BackendCompilerFailed, BreakReason, Unsupported
 from ferrodyn.guard_spec import GuardKind, GuardSpec
 from ferrodyn.guards import GuardCompileError, compile_guards, has_accessor
@@ -125,6 +125,7 @@ recorders: list[Any] = []
 def reset_state() -> None:
     global _frame_counter
     dynamic.reset_state()
+    resume.reset_state()
     _eager_trees.clear()
     _frame_ids.clear()
     _frame_counter = itertools.count()

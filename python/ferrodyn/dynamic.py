@@ -56,6 +56,15 @@ def _memory(code) -> FrameDynamism:
     return item[1]
 
 
+def _loop_item(source: Source) -> bool:
+    """An item of a for loop's iterator handed to a resume function (resume.LoopRest): the
+    loop's next value, an int like a local (automatic dynamic: a loop counter does not make
+    one resume entry per iteration)."""
+    from ferrodyn.source import ItemSource
+    return isinstance(source, ItemSource) and isinstance(source.base, LocalSource) and \
+        source.base.name().startswith("L['__ferrodyn_stack")
+
+
 class Policy:
     """The policy of one trace: `dims_for(source, tensor)` and `int_is_dynamic(source, value)`
     answer the converter; what they saw is remembered by `commit()`."""
@@ -107,7 +116,7 @@ class Policy:
 
     # -- ints ----------------------------------------------------------------------------
     def int_is_dynamic(self, source: Source, value: int) -> bool:
-        if not isinstance(source, LocalSource) or self.mode is False:
+        if not (isinstance(source, LocalSource) or _loop_item(source)) or self.mode is False:
             return False
         name = source.name()
         if self.mode is True:

@@ -8,6 +8,8 @@ Owns the ferrodyn loggers and the `FERRODYN_LOGS` switch. Channels (each a child
     recompiles  why a frame was compiled again: the first failing guard of each cached entry
     eager       why a frame runs eagerly (the Unsupported message)
     dynamic     automatic dynamic: which source and dim became symbolic, and why
+    graph_breaks  each graph break that resumes, once per (code, instruction): the reason and
+                the user's stack (file:line of each inlined frame, innermost last)
 
 `FERRODYN_LOGS=graph,guards,recompiles` (or `all`) at import, or `set_logs("graph,eager")` later,
 sets those channels to DEBUG and attaches one stderr handler to "ferrodyn". Records are emitted
@@ -20,7 +22,7 @@ import logging
 import os
 from typing import Iterable
 
-CHANNELS = ("graph", "guards", "recompiles", "eager", "dynamic")
+CHANNELS = ("graph", "guards", "recompiles", "eager", "dynamic", "graph_breaks")
 
 root = logging.getLogger("ferrodyn")
 graph_log = logging.getLogger("ferrodyn.graph")
@@ -28,6 +30,7 @@ guards_log = logging.getLogger("ferrodyn.guards")
 recompiles_log = logging.getLogger("ferrodyn.recompiles")
 eager_log = logging.getLogger("ferrodyn.eager")
 dynamic_log = logging.getLogger("ferrodyn.dynamic")
+graph_breaks_log = logging.getLogger("ferrodyn.graph_breaks")
 
 _handler: logging.Handler | None = None
 

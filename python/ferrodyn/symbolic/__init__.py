@@ -78,7 +78,7 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
                 value = tx.run()
             except StopAtBreak as stop:
                 from ferrodyn.resume import capture_break
-                return capture_break(stop.tx, first_exc[0], autocast)
+                return capture_break(stop.tx, first_exc[0], autocast, grad)
             return output.build_result(tx, value)
         finally:
             output.close()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ferrodyn import resume
 from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind
 from ferrodyn.side_effects import MutationType
@@ -220,6 +221,7 @@ def _build_mappingproxy(tx, value, source):
 _OBJECT_MODEL_BUILDERS = {
     operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
     types.MappingProxyType: _build_mappingproxy,
+    resume.LoopRest: resume.build_loop_rest,  # a for loop's iterator handed to a resume function
 }
 
 

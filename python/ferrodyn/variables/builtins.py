@@ -518,6 +518,26 @@ def _replayed(fn):
     return handler
 
 
+def reordered_call(tx, fn: Any, args, kwargs) -> VariableTracker | None:
+    """`fn(*args, **kwargs)` recorded and run by the entry after the graph, when `fn` is in
+    `config.reorderable_logging_functions` and every argument is a tensor or a constant (None:
+    not reorderable, the call goes on as usual)."""
+    from ferrodyn import config
+    from ferrodyn.variables.tensor import TensorVariable
+    try:
+        if fn not in config.reorderable_logging_functions:
+            return None
+    except TypeError:  # unhashable callable
+        return None
+    values = [tx.realize(a) for a in (*args, *kwargs.values())]
+    for v in values:
+        if not (isinstance(v, TensorVariable) or
+                (isinstance(v, ConstantVariable) and is_constant_value(v.value))):
+            return None
+    tx.output.side_effects.record_call(fn, tuple(values), tuple(kwargs))
+    return _c(None)
+
+
 def _operator_binary(fn):
     return lambda tx, a, b: ops.binary_op(tx, fn, a, b)
 
@@ -610,6 +630,9 @@ class BuiltinVariable(VariableTracker):
         return f"builtin {getattr(self.fn, '__name__', self.fn)}"
 
     def call_function(self, tx, args, kwargs):
+        reordered = reordered_call(tx, self.fn, args, kwargs)
+        if reordered is not None:
+            return reordered
         handler = BUILTIN_HANDLERS.get(self.fn)
         if handler is not None:
             try:

@@ -171,6 +171,11 @@ class InlinableFunction(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         from ferrodyn.symbolic.inline import inline_function
+        from ferrodyn.variables.builtins import reordered_call
+        fn = getattr(self, "fn", None)
+        reordered = reordered_call(tx, fn, args, kwargs) if fn is not None else None
+        if reordered is not None:
+            return reordered
         bound = bind_args(self.code(), self.name(), list(args), dict(kwargs),
                           self.defaults(tx), self.kwdefaults(tx))
         return inline_function(tx, self, bound)

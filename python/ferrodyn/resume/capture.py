@@ -1,36 +1,13 @@
-"""Graph breaks that resume: what happens at an instruction the converter cannot capture.
+"""Capturing a graph break: is the state at the breaking instruction rebuildable exactly?
 
-Owns three things:
-- `capture_break(tx, exc)`: at the breaking instruction (the translator stopped just before
-  it; when it is inside inlined calls, every enclosing translator is stopped inside its call),
-  decide whether the state of every level can be rebuilt exactly, and if so turn it into a
-  `TraceResult` whose `graph_break` (a `GraphBreak`, with an `OuterFrame` per enclosing
-  level) says how the entry continues: the live stack (NULLs included) and locals as `Out`
-  specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
-  `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
-  as before) when it is not sure: a call inside a `try`, a `with` other than a grad-mode one
-  (or any `with` around an inlined call), autocast changed, closures/cells, a new mutable
-  object reachable twice, a live value it cannot rebuild, an enclosing call that is not a
-  plain call of a user function.
-- `resume_code(code, offset, nulls, unbound)`: the resume function's code, built with
-  `ferrodyn.bytecode` from the *original* code: a prologue takes every local of the original
-  (in co_varnames order) then the non-NULL stack values as positional arguments, deletes the
-  locals that were unbound, pushes the stack back (PUSH_NULL for NULLs) and jumps to
-  `offset`. Cached per (code, offset, stack shape, unbound locals), so recompiles reuse it.
-  Resume functions are ordinary frames for the hook: they get their own cache entries.
-- `emit_break(emitter, brk)`: the entry's instructions after the graph call: set the grad
-  mode of the break, push the resume function, the stack, run the instruction (a call, or the
-  conditional jump choosing between two resume functions), store the stack, push the locals,
-  call the resume function; for nested breaks, push its result onto each enclosing level's
-  stack and call that level's resume function, innermost first; return the root's value.
-
-Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
-(codegen.py).
+Owns `capture_break` (see the package docstring), the refusals, the live values of every
+level (`_Level`, `OuterFrame`), the `GraphBreak` record the entry is generated from, and the
+`graph_breaks` log records. Does not own the resume code (code.py) or the entry (emit.py).
 """
 
 from __future__ import annotations
 
-import inspect
+import logging
 import operator
 import sys
 import types
@@ -42,6 +19,8 @@ import torch
 
 from ferrodyn import bytecode
 from ferrodyn.exc import Unsupported
+from ferrodyn.resume.code import inst_at, origin, prologue_call
+from ferrodyn.resume.loops import LoopRest, _LoopRestStep
 from ferrodyn.side_effects import MutationType
 from ferrodyn.trace_result import (
     Out, OutCall, OutConst, OutList, OutShared, OutTuple, TraceResult,
@@ -50,7 +29,6 @@ from ferrodyn.trace_result import (
 _VERSION = sys.version_info[:2]
 _CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 _JUMPS = frozenset(f"POP_JUMP_{d}IF_{c}" for d in ("", "FORWARD_", "BACKWARD_") for c in ("TRUE", "FALSE"))
-
 
 @dataclass
 class GraphBreak:
@@ -71,6 +49,9 @@ class GraphBreak:
     lineno: int | None
     f_globals: dict | None = None      # the globals of `code` (an inlined function's own)
     outer: tuple = ()                  # OuterFrame per enclosing frame, root first (nested breaks)
+    handler: tuple | None = None       # (target, depth, lasti) of the exception handler around it
+    set_grad: bool = True              # the entry sets grad_mode (False: it is the guarded one)
+    noop: bool = False                 # the call does nothing (a break marker): its result is None
 
 
 class GradModeRestore:
@@ -113,7 +94,7 @@ def _with_levels(code: types.CodeType, offset: int) -> int | None:
     handler around it is a `with` cleanup; None when a `try` handler encloses it."""
     insts = bytecode.decode(code)
     index = {id(i): k for k, i in enumerate(insts)}
-    inst = _inst_at(insts, offset)
+    inst = inst_at(insts, offset)
     h = inst.exn
     levels = 0
     while h is not None:
@@ -125,17 +106,6 @@ def _with_levels(code: types.CodeType, offset: int) -> int | None:
         cleanup = h.target.exn  # the handler of the with-cleanup code: COPY 3; POP_EXCEPT; RERAISE
         h = cleanup.target.exn if cleanup is not None else None
     return levels
-
-
-def _inst_at(insts, offset: int):
-    """The assembler instruction whose code units contain byte `offset`."""
-    best = None
-    for i in insts:
-        if i.offset <= offset:
-            best = i
-        else:
-            break
-    return best
 
 
 def _rebuild_value(tx, v, exc: Unsupported):
@@ -182,6 +152,8 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
         return
     key = id(state)
     if key in seen:
+        if isinstance(v, _SHARED_REBUILD):
+            return  # rebuilt once (SideEffects.shared), referenced at each place
         _refuse(exc, f"{v.describe()} is reachable twice from the live values")
     seen[key] = v
     if isinstance(v, ListVariable):
@@ -196,6 +168,18 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
             _mutable_identities(item, seen, lists, exc)
 
 
+def _shared_rebuild_types() -> tuple[type, ...]:
+    """Trackers of new objects whose `reconstruct` goes through `SideEffects.shared`: one
+    object per entry call however often it is reached, so they may be live in two places."""
+    from ferrodyn.variables.dicts import DictVariable
+    from ferrodyn.variables.lists import ListVariable
+    from ferrodyn.variables.sets import SetVariable
+    return (ListVariable, DictVariable, SetVariable)
+
+
+_SHARED_REBUILD: tuple[type, ...] = ()
+
+
 def _check_iterator(v, lists: set, exc: Unsupported) -> None:
     """An iterator live across the break is rebuilt from its remaining items, a snapshot: only
     right when nothing can change what it would still produce. Refused: lazy iterators
@@ -203,6 +187,8 @@ def _check_iterator(v, lists: set, exc: Unsupported) -> None:
     function, not in `items[index:]`), and list iterators over a list that is live itself or
     comes from outside the frame (a later mutation would show in CPython's iterator)."""
     st = v.state
+    if isinstance(st.step, _LoopRestStep):
+        return  # the rest of an input: rebuilt from it (`_LoopRestStep.rest`)
     if st.step is not None:
         _refuse(exc, "a lazy iterator (enumerate, zip, reversed, map, filter, dict) is live "
                      "across the break")
@@ -222,8 +208,11 @@ def _reconstruct(tx, v, on_stack: bool) -> Out:
         return v.make(tx)
     if isinstance(v, IteratorVariable):
         st = v.state
+        if isinstance(st.step, _LoopRestStep):
+            rest = st.step.rest()
+            return rest if on_stack else OutCall(iter, (rest,))
         rest = tuple(tx.realize(i).reconstruct(tx) for i in st.items[st.index:])
-        return OutTuple(rest) if on_stack else OutCall(iter, (OutList(rest),))
+        return OutCall(LoopRest, (OutTuple(rest),)) if on_stack else OutCall(iter, (OutList(rest),))
     return tx.realize(v).reconstruct(tx)
 
 
@@ -250,8 +239,19 @@ class _Level:
         inst = tx.instructions[tx.ip] if innermost else tx.current
         self.inst = inst
         self.offset = inst.offset - shift
-        if self.code.co_cellvars or self.code.co_freevars:
-            _refuse(exc, f"{self.code.co_name} has closure cells")
+        if self.offset < 0:  # in a resume prologue: only its call of the inner continuation
+            self.offset = prologue_call(tx.code)
+            if self.offset is None or inst.opname != "CALL_FUNCTION_EX":
+                _refuse(exc, f"a break in the prologue of {tx.code.co_name}")
+        if self.code.co_cellvars:
+            _refuse(exc, f"{self.code.co_name} has cell variables (captured by an inner function)")
+        if self.code.co_freevars:
+            # the root's resume function is made per call with the frame's own cells; an
+            # inner level's is handed over as an argument, so it must be one object
+            if tx.parent is not None:
+                _refuse(exc, f"{self.code.co_name} is an inlined closure")
+            if len(self.code.co_varnames) + len(tx.stack) + 2 + len(self.code.co_freevars) > 255:
+                _refuse(exc, f"{self.code.co_name} has too many locals for its closure's slots")
         if not innermost:
             # the call that inlined the next level must be a plain call of that function, so
             # that its result is exactly what the inner frames return
@@ -259,11 +259,13 @@ class _Level:
             callee = tx.realize(callee) if callee is not None else None
             if isinstance(callee, BoundMethodVariable):
                 callee = tx.realize(callee.func)
-            if not (inst.opname in ("CALL", "CALL_KW") and isinstance(callee, UserFunctionVariable)):
+            plain = inst.opname in ("CALL", "CALL_KW") or (
+                inst.opname == "CALL_FUNCTION_EX" and inst.offset < shift)  # a prologue's
+            if not (plain and isinstance(callee, UserFunctionVariable)):
                 _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
                              "inlines more than one plain call")
         levels = _with_levels(self.code, self.offset)
-        if levels is None:
+        if levels is None and not innermost:
             _refuse(exc, f"the call in {self.code.co_name} is inside a try block")
         self.stack = []
         self.exits = []
@@ -272,9 +274,46 @@ class _Level:
             if _is_grad_exit(r):
                 self.exits.append(r.value.prev)
             self.stack.append(r)
-        if len(self.exits) != levels:
+        if not innermost and len(self.exits) != levels:
             _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
+        # The breaking frame's innermost exception handler (a `try`, or a `with` block's
+        # cleanup: user context managers' `__exit__` are live values like any other): an
+        # exception from the instruction run at the break continues there (`raise_at`).
+        self.handler = None
+        if innermost:
+            h = inst_at(bytecode.decode(self.code), self.offset).exn
+            if h is not None:
+                if h.depth > len(tx.stack) - n_inputs(inst):
+                    _refuse(exc, "an exception handler deeper than the stack below the break")
+                self.handler = (h.target.offset, h.depth, h.lasti)
         self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
+
+
+# original code -> offsets of the breaks already logged there (the graph_breaks channel logs
+# each break once); cleared by ferrodyn.reset()
+_LOGGED: "weakref.WeakKeyDictionary[types.CodeType, set[int]]" = weakref.WeakKeyDictionary()
+
+
+def reset_state() -> None:
+    _LOGGED.clear()
+
+
+def _log_break(levels: list, exc: Unsupported) -> None:
+    """The `graph_breaks` log record of a break that resumes: its reason and the user's stack
+    (each level's file and line, innermost last), once per (code, instruction)."""
+    from ferrodyn.logs import graph_breaks_log
+    if not graph_breaks_log.isEnabledFor(logging.DEBUG):
+        return
+    inner = levels[-1]
+    seen = _LOGGED.setdefault(inner.code, set())
+    if inner.offset in seen:
+        return
+    seen.add(inner.offset)
+    stack = "\n".join(f'  File "{lv.code.co_filename}", line {lv.inst.lineno}, in {lv.code.co_name}'
+                      for lv in levels)
+    graph_breaks_log.debug("Graph break in user code at %s:%s\nReason: %s\nUser code traceback:\n%s",
+                           inner.code.co_filename, inner.inst.lineno, exc.construct
+                           if isinstance(exc, Unsupported) else exc, stack)
 
 
 def _is_grad_exit(v) -> bool:
@@ -290,7 +329,24 @@ def _callee(inputs, inst):
     return second if isinstance(first, NullVariable) else first
 
 
-def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
+def _noop_calls() -> frozenset:
+    """Break markers whose call does nothing: the entry takes None as their result instead of
+    calling them (identified by identity; their loads are guarded like any callee's)."""
+    from ferrodyn.exc import graph_break
+    return frozenset({graph_break, getattr(torch._dynamo, "graph_break", graph_break)})
+
+
+def _graph_sets_grad(gm) -> bool:
+    """Whether the captured graph switches grad mode itself (then the entry always sets the
+    mode of the break)."""
+    for n in getattr(getattr(gm, "graph", None), "nodes", ()):
+        if n.op in ("call_function", "call_method") and "grad" in getattr(n.target, "__name__", str(n.target)):
+            return True
+    return False
+
+
+def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
+                  grad_at_entry: bool | None = None) -> TraceResult:
     """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
     before it; tx's parents, if any, are inside the calls that inlined it). Re-raises `exc`
     when the break cannot be resumed exactly."""
@@ -316,6 +372,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
     if any(lv.exits for lv in levels[:-1]):
         _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")
     inner = levels[-1]
+    global _SHARED_REBUILD
+    _SHARED_REBUILD = _SHARED_REBUILD or _shared_rebuild_types()
     seen: dict = {}
     lists: set = set()
     for lv in levels:
@@ -357,206 +415,23 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool) -> TraceResult:
     f = frames[-1]
     if any(f.iters[len(f.stack) - n_in:]):
         _refuse(exc, "an iterator among the breaking instruction's inputs")
+    _log_break(levels, exc)
+    noop = False
+    if inst.opname in _CALLS:
+        callee = _callee(tx.stack[len(tx.stack) - n_in:], inst)
+        try:
+            noop = callee is not None and getattr(tx.realize(callee), "fn", None) in _noop_calls()
+        except TypeError:  # an unhashable callee
+            noop = False
+    grad = torch.is_grad_enabled()
+    set_grad = grad != grad_at_entry or _graph_sets_grad(result.graph)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
     result.graph_break = GraphBreak(
         code=f.code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
         arg=inst.arg or 0, offset=f.offset, stack=f.stack, iters=f.iters, n_inputs=n_in,
-        kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=torch.is_grad_enabled(),
+        kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=grad, set_grad=set_grad, noop=noop,
         grad_on_error=inner.exits[0] if inner.exits else None, reason=exc, lineno=inst.lineno,
-        f_globals=f.f_globals, outer=tuple(frames[:-1]))
+        f_globals=f.f_globals, outer=tuple(frames[:-1]), handler=inner.handler)
     return result
 
 
-# ---------------------------------------------------------------------------------------------
-# Resume functions
-# ---------------------------------------------------------------------------------------------
-
-_STACK = "__ferrodyn_stack"
-_RESUME_CODES: "weakref.WeakKeyDictionary[types.CodeType, dict]" = weakref.WeakKeyDictionary()
-_ORIGIN: "weakref.WeakKeyDictionary[types.CodeType, tuple]" = weakref.WeakKeyDictionary()
-
-
-NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
-
-
-def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
-                unbound: frozenset[int]) -> types.CodeType:
-    """The code of the resume function continuing `code` at the instruction at byte `offset`
-    with a stack of `len(shape)` slots (NULL, VALUE, or ITER: an iterator over the tuple
-    passed) and the locals `unbound` unset."""
-    per_code = _RESUME_CODES.setdefault(code, {})
-    key = (offset, shape, unbound)
-    hit = per_code.get(key)
-    if hit is not None:
-        return hit
-    insts = bytecode.decode(code)
-    target = next((i for i in insts if i.offset == offset), None)
-    if target is None:
-        raise ValueError(f"resume_code: no instruction at byte {offset} of {code.co_name}")
-    b = bytecode.CodeBuilder(consts=code.co_consts, names=code.co_names,
-                             varnames=code.co_varnames, positions=target.positions)
-    n_stack = sum(1 for kind in shape if kind != NULL)
-    stack_names = [f"{_STACK}{k}" for k in range(n_stack)]
-    assert not set(stack_names) & set(code.co_varnames), "resume_code of a resume code"
-    for n in stack_names:
-        b.local(n)
-    prologue = [b.resume()]
-    prologue += [b.inst("DELETE_FAST", i) for i in sorted(unbound)]
-    k = 0
-    for kind in shape:
-        if kind == NULL:
-            prologue.append(b.inst("PUSH_NULL"))
-            continue
-        prologue.append(b.load_fast(stack_names[k]))
-        if kind == ITER:
-            prologue.append(b.inst("GET_ITER"))
-        k += 1
-    prologue.append(b.inst("JUMP", target=target))
-    line = target.lineno or code.co_firstlineno
-    name = f"ferrodyn_resume_in_{code.co_name}_at_{line}"
-    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-    new = bytecode.assemble(
-        prologue + insts, code, co_argcount=len(b.varnames), co_posonlyargcount=0,
-        co_kwonlyargcount=0, co_varnames=tuple(b.varnames), co_nlocals=len(b.varnames),
-        co_consts=tuple(b.consts), co_names=tuple(b.names), co_flags=flags, co_name=name,
-        co_qualname=f"{code.co_qualname}.<{name}>")
-    shift = bytecode.decode(new)[len(prologue)].offset - insts[0].offset
-    _ORIGIN[new] = (code, shift)
-    per_code[key] = new
-    return new
-
-
-def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
-    """(original code, byte shift) of a resume code: its instructions after the prologue are
-    the original's, byte for byte, `shift` bytes later. (code, 0) for any other code."""
-    return _ORIGIN.get(code, (code, 0))
-
-
-def _resume_function(e, brk, offset: int, shape: tuple[int, ...]):
-    """The resume function of `brk` (a GraphBreak or an OuterFrame) continuing at `offset`."""
-    unbound = frozenset(i for i, v in enumerate(brk.locals) if v is None)
-    code = resume_code(brk.code, offset, shape, unbound)
-    f_globals = brk.f_globals if brk.f_globals is not None else e.globals["__ferrodyn_G"]
-    return types.FunctionType(code, f_globals, code.co_name)
-
-
-def _next_offset(code: types.CodeType, offset: int) -> int:
-    insts = bytecode.decode(code)
-    for k, i in enumerate(insts):
-        if i.offset <= offset < (insts[k + 1].offset if k + 1 < len(insts) else 1 << 62):
-            return insts[k + 1].offset
-    raise ValueError(f"no instruction after byte {offset} of {code.co_name}")
-
-
-def _jump_target_offset(code: types.CodeType, offset: int) -> int:
-    return _inst_at(bytecode.decode(code), offset).target.offset
-
-
-# ---------------------------------------------------------------------------------------------
-# The entry's continuation
-# ---------------------------------------------------------------------------------------------
-
-def _set_grad(e, mode: bool) -> None:
-    e.load_callable(torch._C._set_grad_enabled)
-    e.load_value(bool(mode))
-    e.call(1)
-    e.emit(e.inst("POP_TOP"))
-
-
-def _call_resume(e, brk, n_stack: int, ret: bool = True) -> None:
-    """Stack: [resume (with its NULL), n_stack values]: call it with (locals, stack); then
-    continue the enclosing frames (nested breaks) with its result, and return."""
-    temps = [e.temp("s") for _ in range(n_stack)]
-    for t in reversed(temps):
-        e.emit(e.b.store_fast(t))
-    for v in brk.locals:
-        if v is None:
-            e.emit(e.b.load_const(None))
-        else:
-            e.emit_out(v)
-    for t in temps:
-        e.emit(e.b.load_fast(t))
-    e.call(len(brk.locals) + n_stack)
-    if not ret:
-        return
-    for frame in reversed(getattr(brk, "outer", ())):
-        r = e.temp("r")
-        e.emit(e.b.store_fast(r))
-        nulls = tuple(NULL if v is None else ITER if it else VALUE
-                      for v, it in zip(frame.stack, frame.iters))
-        e.load_callable(_resume_function(e, frame, _next_offset(frame.code, frame.offset),
-                                         nulls + (VALUE,)))
-        _push(e, frame.stack)
-        e.emit(e.b.load_fast(r))
-        _call_resume(e, frame, sum(1 for v in frame.stack if v is not None) + 1, ret=False)
-    e.ret()
-
-
-def _push(e, values) -> None:
-    for v in values:
-        if v is not None:
-            e.emit_out(v)
-
-
-def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
-    _set_grad(e, brk.grad_mode)
-    n_low = len(brk.stack) - brk.n_inputs
-    lower, inputs = brk.stack[:n_low], brk.stack[n_low:]
-    if any(brk.iters[n_low:]):
-        raise TypeError("codegen: an iterator among a breaking instruction's inputs")
-    nulls = tuple(NULL if v is None else ITER if it else VALUE
-                  for v, it in zip(lower, brk.iters))
-    n_lower = sum(1 for v in lower if v is not None)
-    if brk.kind == "call":
-        fn = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls + (VALUE,))
-        e.load_callable(fn)
-        _push(e, lower)
-        for v in inputs:
-            if v is None:
-                e.emit(e.inst("PUSH_NULL"))
-            else:
-                e.emit_out(v)
-        start = len(e.insts)
-        if brk.opname == "CALL":
-            e.call(brk.arg, brk.kw_names)
-        else:
-            e.emit(e.inst(brk.opname, brk.arg))
-        if brk.grad_on_error is not None:
-            _protect(e, start, brk.grad_on_error)
-        _call_resume(e, brk, n_lower + 1)
-        return
-    # a conditional jump on a value only known when the graph has run
-    fn_next = _resume_function(e, brk, _next_offset(brk.code, brk.offset), nulls)
-    fn_jump = _resume_function(e, brk, _jump_target_offset(brk.code, brk.offset), nulls)
-    e.emit_out(inputs[0])
-    if _VERSION >= (3, 13):
-        e.emit(e.inst("TO_BOOL"))
-    jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
-    e.emit(jump)
-    e.load_callable(fn_next)
-    _push(e, lower)
-    _call_resume(e, brk, n_lower)
-    first = len(e.insts)
-    e.load_callable(fn_jump)
-    jump.target = e.insts[first]
-    _push(e, lower)
-    _call_resume(e, brk, n_lower)
-
-
-def _protect(e, start: int, grad_mode: bool) -> None:
-    """An exception from the instructions since `start` leaves grad mode as the enclosing
-    `with` blocks would (`grad_mode`), then propagates."""
-    handler = [e.inst("PUSH_EXC_INFO")]
-    e_insts = e.insts
-    e.insts = handler
-    _set_grad(e, grad_mode)
-    e.insts = e_insts
-    handler.append(e.inst("RERAISE", 0))
-    cleanup = [e.inst("COPY", 3), e.inst("POP_EXCEPT"), e.inst("RERAISE", 1)]
-    on_error = bytecode.ExnHandler(handler[0], 0, False)
-    on_cleanup = bytecode.ExnHandler(cleanup[0], 1, True)
-    for i in e.insts[start:]:
-        i.exn = on_error
-    for i in handler:
-        i.exn = on_cleanup
-    e.tail += handler + cleanup
