@@ -93,8 +93,10 @@ unsafe extern "C" fn key_died_trampoline(
 ) -> *mut ffi::PyObject {
     // Anything but a dead `_WeakKeyRef` placed in a table is ignored (the callback can be
     // fetched as `r.__callback__` and called by hand).
-    if let Some(slot) = slot_of(wr) {
-        if is_dead(wr) {
+    // SAFETY: `wr` is a live object borrowed for the call (CPython passes the weakref).
+    if let Some(slot) = unsafe { slot_of_raw(wr) } {
+        // SAFETY: `wr` is a live `_WeakKeyRef` (checked by `slot_of_raw`).
+        if unsafe { is_dead(wr) } {
             // SAFETY: CPython calls a METH_O function with the GIL held, `remover` (the bound
             // self, kept alive by the function object) and `wr` borrowed for the call. pyo3 did
             // not enter the thread, so what runs here drops no `Py` (the tables hold `GilRef`s).
@@ -305,10 +307,18 @@ pub fn set_slot(wr: &Py<PyWeakrefReference>, slot: usize) {
 /// The slot recorded in `obj` if it is a `_WeakKeyRef` (None for any other object, or for
 /// `NO_SLOT`).
 #[inline]
-pub fn slot_of(obj: *mut ffi::PyObject) -> Option<usize> {
+pub fn slot_of(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    // SAFETY: `obj` is live for the call.
+    unsafe { slot_of_raw(obj.as_ptr()) }
+}
+
+/// # Safety
+/// `obj` is a live object.
+#[inline]
+unsafe fn slot_of_raw(obj: *mut ffi::PyObject) -> Option<usize> {
     let t = KEY_REF.get()?;
-    // SAFETY: `obj` is a live object (the caller holds a reference for the call); the exact type
-    // check makes the field ours to read.
+    // SAFETY: `obj` is a live object (the caller's contract); the exact type check makes the
+    // field ours to read.
     let slot = unsafe {
         if ffi::Py_TYPE(obj) as usize != t.tp {
             return None;
@@ -318,10 +328,13 @@ pub fn slot_of(obj: *mut ffi::PyObject) -> Option<usize> {
     (slot != NO_SLOT).then_some(slot)
 }
 
-/// Whether `obj`, a `_WeakKeyRef` (checked by [`slot_of`] first), no longer has a referent.
+/// Whether `obj` no longer has a referent.
+///
+/// # Safety
+/// `obj` is a live weakref.
 #[inline]
-pub fn is_dead(obj: *mut ffi::PyObject) -> bool {
-    // SAFETY: `obj` is a live weakref (the caller holds it); `PyWeakref_GetObject` returns a
+unsafe fn is_dead(obj: *mut ffi::PyObject) -> bool {
+    // SAFETY: `obj` is a live weakref (the caller's contract); `PyWeakref_GetObject` returns a
     // borrowed reference, Py_None once the referent is gone, and runs no Python code.
     #[allow(deprecated)]
     unsafe {
@@ -356,10 +369,10 @@ mod tests {
             let key = py.eval(c"type('K', (), {})()", None, None).unwrap();
             let cb = py.eval(c"lambda r: None", None, None).unwrap();
             let wr = new_key_ref(&key, &cb).unwrap();
-            assert_eq!(slot_of(wr.as_ptr()), None);
+            assert_eq!(slot_of(wr.as_any()), None);
             let owned = wr.clone().unbind();
             set_slot(&owned, 12345);
-            assert_eq!(slot_of(wr.as_ptr()), Some(12345));
+            assert_eq!(slot_of(wr.as_any()), Some(12345));
             assert!(wr.upgrade().unwrap().is(&key));
             assert!(wr.getattr("__callback__").unwrap().is(&cb));
             assert!(wr
@@ -367,10 +380,10 @@ mod tests {
                 .unwrap());
             // a plain weakref is not ours: never read, never written
             let plain = PyWeakrefReference::new(&key).unwrap();
-            assert_eq!(slot_of(plain.as_ptr()), None);
+            assert_eq!(slot_of(plain.as_any()), None);
             drop(key);
             assert!(wr.upgrade().is_none());
-            assert_eq!(slot_of(wr.as_ptr()), Some(12345));
+            assert_eq!(slot_of(wr.as_any()), Some(12345));
         });
     }
 }

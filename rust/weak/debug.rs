@@ -16,7 +16,7 @@ fn _debug_weak_keyref_layout(py: Python<'_>) -> PyResult<(usize, usize, usize)> 
 /// The slot recorded in a key's weakref (None: not a `_WeakKeyRef`, or not placed).
 #[pyfunction]
 fn _debug_weak_keyref_slot(wr: &Bound<'_, PyAny>) -> Option<usize> {
-    weakkey::slot_of(wr.as_ptr())
+    weakkey::slot_of(wr)
 }
 
 /// The table's shape: live entries, slots (live and tombstones), index entries (live and
@@ -47,7 +47,7 @@ fn _debug_weak_check(d: &Bound<'_, PyWeakIdKeyDictionary>) -> PyResult<()> {
             t.check_invariants()?;
             let mut from = 0;
             while let Some((i, s)) = t.next_live(from) {
-                let got = weakkey::slot_of(s.entry.wr.as_ptr());
+                let got = weakkey::slot_of(s.entry.wr.bind(d.py()).as_any());
                 if got != Some(i) {
                     return Err(format!("entry at slot {i}: its weakref says {got:?}"));
                 }

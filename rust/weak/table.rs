@@ -192,7 +192,7 @@ impl<E: Placed> Table<E> {
         let Some(s) = self.slots.get_mut(slot) else {
             return false;
         };
-        if !s.as_ref().is_some_and(|s| s.refid == refid) {
+        if s.as_ref().is_none_or(|s| s.refid != refid) {
             return false;
         }
         let s = s.take().expect("checked above");
@@ -497,8 +497,8 @@ mod tests {
             t.insert_new(k as u64, k, At { v: k as u64, slot });
             assert_eq!(c.get(), k);
         }
-        for k in 0..30usize {
-            assert!(t.remove_dead(cells[k].get(), k));
+        for (k, c) in cells.iter().enumerate().take(30) {
+            assert!(t.remove_dead(c.get(), k));
         }
         t.maybe_compact(true);
         assert_eq!(t.slot_count(), 10);
