@@ -6,9 +6,16 @@ Each case runs one operation over N keys per call; the two implementations alter
 round (timing.interleaved_ns), and cases that need untimed set-up (deleting, keys dying) use the
 same alternation with the set-up outside the timed region. Inserting and dying are also measured
 at N_BIG keys (`_big_table_rows`), where a key's death is reported as the dictionary's own share:
-the cost of freeing a tensor that no dictionary holds is measured alongside and subtracted.
+the cost of freeing a tensor that no dictionary holds is measured alongside and subtracted. Keys
+die in the reverse of their insertion order (the tail of the table goes first) and, in a second
+row, in a random order (every structure a death touches is then a cache miss, as when a program's
+tensors die in no particular order).
 
     python benches/run.py --group weakdict
+    python benches/bench_weakdict.py --baseline OTHER/_C.cpython-311-x86_64-linux-gnu.so
+
+The second form times insert and death (both orders) of this checkout's build, another build of
+`ferrodyn._C` loaded beside it, and torch, interleaved in one process (before/after figures).
 """
 
 from __future__ import annotations
