@@ -6,9 +6,16 @@ Each case runs one operation over N keys per call; the two implementations alter
 round (timing.interleaved_ns), and cases that need untimed set-up (deleting, keys dying) use the
 same alternation with the set-up outside the timed region. Inserting and dying are also measured
 at N_BIG keys (`_big_table_rows`), where a key's death is reported as the dictionary's own share:
-the cost of freeing a tensor that no dictionary holds is measured alongside and subtracted.
+the cost of freeing a tensor that no dictionary holds is measured alongside and subtracted. Keys
+die in the reverse of their insertion order (the tail of the table goes first) and, in a second
+row, in a random order (every structure a death touches is then a cache miss, as when a program's
+tensors die in no particular order).
 
     python benches/run.py --group weakdict
+    python benches/bench_weakdict.py --baseline OTHER/_C.cpython-311-x86_64-linux-gnu.so
+
+The second form times insert and death (both orders) of this checkout's build, another build of
+`ferrodyn._C` loaded beside it, and torch, interleaved in one process (before/after figures).
 """
 
 from __future__ import annotations
@@ -211,15 +218,18 @@ def _big_table_rows(impls: dict, rounds: int) -> list[dict]:
     kinds = {"ferrodyn": impls["ferrodyn"], "reference": impls["reference"], "none": None}
     ins = {k: [] for k in kinds}
     die = {k: [] for k in kinds}
+    die_shuffled = {k: [] for k in kinds}
     was_enabled = gc.isenabled()
     gc.disable()  # timeit's convention: collections triggered by allocations are not timed
     try:
         _big_table_rounds(kinds, rounds, ins, die)
+        _big_table_rounds(kinds, rounds, {k: [] for k in kinds}, die_shuffled, shuffled=True)
     finally:
         if was_enabled:
             gc.enable()
     med = {k: (statistics.median(ins[k]), statistics.median(die[k])) for k in kinds}
     base = med["none"][1]
+    shuf = {k: statistics.median(die_shuffled[k]) for k in kinds}
     return [
         {"case": f"set (new key, {N_BIG} keys into an empty dict)", "ferrodyn": med["ferrodyn"][0],
          "reference": med["reference"][0], "unit": "ns", "reference_name": "torch.utils.weak"},
@@ -229,16 +239,21 @@ def _big_table_rows(impls: dict, rounds: int) -> list[dict]:
         {"case": f"keys dying, dictionary's own share ({N_BIG} keys)",
          "ferrodyn": med["ferrodyn"][1] - base, "reference": med["reference"][1] - base,
          "unit": "ns", "reference_name": "torch.utils.weak"},
+        {"case": f"keys dying in random order, dictionary's own share ({N_BIG} keys)",
+         "ferrodyn": shuf["ferrodyn"] - shuf["none"], "reference": shuf["reference"] - shuf["none"],
+         "unit": "ns", "reference_name": "torch.utils.weak"},
     ]
 
 
-def _big_table_rounds(kinds, rounds, ins, die) -> None:
+def _big_table_rounds(kinds, rounds, ins, die, shuffled: bool = False) -> None:
+    """`shuffled`: the keys die in a random order (the same permutation for every kind in a
+    round) instead of the reverse of their insertion."""
     import random
 
     import torch
 
     v = object()
-    for _ in range(rounds):
+    for r in range(rounds):
         gc.collect()
         order = list(kinds)
         random.shuffle(order)
@@ -250,6 +265,8 @@ def _big_table_rounds(kinds, rounds, ins, die) -> None:
                 chunk = keys[i:i + CHUNK]
                 ins[kind].append(_timed_inserts(d, chunk, v) / CHUNK)
             del chunk
+            if shuffled:
+                random.Random(r).shuffle(keys)
             chunks = [keys[i:i + CHUNK] for i in range(0, N_BIG, CHUNK)]
             del keys
             while chunks:
@@ -261,7 +278,63 @@ def _big_table_rounds(kinds, rounds, ins, die) -> None:
                 assert len(d) == 0
 
 
+def _load_baseline(path: str):
+    """Another build of ferrodyn._C (e.g. main's), loaded beside the current one under its own
+    module object, so that two builds are timed in one process."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader("ferrodyn._C", path)
+    spec = importlib.util.spec_from_file_location("ferrodyn._C", path, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod.WeakIdKeyDictionary
+
+
+def compare_builds(baseline_so: str, rounds: int) -> dict:
+    """Insert and death at N_BIG keys for this build, a baseline build and torch, in one process
+    (the kinds shuffled each round, as in `_big_table_rows`). Returns {kind: (insert ns, death's
+    own share ns, own share when keys die in random order ns)}."""
+    impls = _impls()
+    kinds = {"ferrodyn": impls["ferrodyn"], "baseline": _load_baseline(baseline_so),
+             "reference": impls["reference"], "none": None}
+    ins = {k: [] for k in kinds}
+    die = {k: [] for k in kinds}
+    die_shuffled = {k: [] for k in kinds}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):  # the two orders alternate, one round each
+            _big_table_rounds(kinds, 1, ins, die)
+            _big_table_rounds(kinds, 1, {k: [] for k in kinds}, die_shuffled, shuffled=True)
+    finally:
+        if was_enabled:
+            gc.enable()
+    base = statistics.median(die["none"])
+    base_shuffled = statistics.median(die_shuffled["none"])
+    return {k: (statistics.median(ins[k]), statistics.median(die[k]) - base,
+                statistics.median(die_shuffled[k]) - base_shuffled) for k in kinds}
+
+
 if __name__ == "__main__":
-    for r in run():
-        print(f"{r['case']:<50} {r['ferrodyn']:10.1f} {r['reference']:10.1f} "
-              f"{r['ferrodyn'] / r['reference']:7.3f}")
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", help="path of another build's _C*.so: time insert and death of "
+                                       "this build, that build and torch side by side")
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    if args.baseline:
+        res = compare_builds(args.baseline, args.rounds)
+        print(f"{'kind':<10} {'insert':>9} {'death':>9} {'random':>9}   (ns per key, {N_BIG} keys; "
+              f"deaths: the dictionary's own share, reverse / random order)")
+        for k, (i, d, shuf) in res.items():
+            print(f"{k:<10} {i:9.1f} {d:9.1f} {shuf:9.1f}")
+        ref = res["reference"]
+        for k in ("ferrodyn", "baseline"):
+            print(f"{k}: {ref[0] / res[k][0]:.2f}x faster than torch on insert, "
+                  f"{ref[1] / res[k][1]:.2f}x on death, {ref[2] / res[k][2]:.2f}x on death in random order")
+    else:
+        for r in run(args.rounds):
+            print(f"{r['case']:<50} {r['ferrodyn']:10.1f} {r['reference']:10.1f} "
+                  f"{r['ferrodyn'] / r['reference']:7.3f}")

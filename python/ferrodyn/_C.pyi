@@ -6,6 +6,7 @@ Owns: the frame hook (`set_eval_frame`), the per-code cache, guard trees, tensor
 and the weak-key dictionaries. Never decides what to guard or how to trace.
 """
 
+import weakref
 from types import CodeType, CellType
 from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
@@ -374,8 +375,9 @@ class WeakDictIterator(Iterator[Any]):
     def __next__(self) -> Any: ...
 
 class _WeakRemover:
-    """Internal: removes a dead key's entry of one dictionary (`key_died`, bound, is the callback
-    of the dictionary's weakrefs)."""
+    """Internal: what the weakref callback of one dictionary is bound to (the callback is a
+    builtin `key_died(wr)` function, rust/ffi/weakkey.rs)."""
 
-    def key_died(self, wr: Any) -> None: ...
-    def __call__(self, wr: Any) -> None: ...
+class _WeakKeyRef(weakref.ref[Any]):
+    """Internal: the weakref a weak dictionary makes for each key (a `weakref.ref` carrying its
+    entry's slot); not constructible from Python."""

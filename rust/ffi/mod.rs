@@ -21,6 +21,7 @@ pub mod slots;
 pub mod storage;
 pub mod tensor;
 pub mod torch_state;
+pub mod weakkey;
 pub mod weakref;
 
 // A new minor is one more `frameXYZ.rs` (mirrors + the frame protocol that `frame.rs` calls)

@@ -3,9 +3,12 @@
 //!
 //! Each operation follows the `Shared` discipline: Python work (hashing, creating a weakref,
 //! raising errors, calling `__del__` through drops) happens before or after a short locked section
-//! that only reads the table and moves reference counts. A key's weakref carries the dictionary's
-//! `PyWeakRemover.key_died` bound method as its callback (a builtin method: CPython calls it
-//! through vectorcall, with no argument tuple); the entry is found again by the weakref's address.
+//! that only reads the table and moves reference counts. A key's weakref is a `_WeakKeyRef`
+//! (rust/ffi/weakkey.rs: a `weakref.ref` carrying its entry's slot index, kept current by the
+//! table through `Placed`) whose callback is a builtin `METH_O` function bound to the
+//! dictionary's `PyWeakRemover` (CPython calls it with no argument tuple, and no pyo3 method
+//! trampoline runs); a death reads the slot from the weakref and removes the entry there, no
+//! hash probe (`on_key_death`).
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -15,12 +18,21 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 
 use super::shared::Shared;
+use super::table::Placed;
+use crate::ffi::weakkey::{self, GilRef};
 use crate::ffi::weakref::{referent_ptr, supports_weakrefs};
 
 /// One entry: the key's weakref (whose callback removes the entry) and the value.
 pub struct Entry {
-    pub wr: Py<PyWeakrefReference>,
-    pub value: Py<PyAny>,
+    pub wr: GilRef<PyWeakrefReference>,
+    pub value: GilRef<PyAny>,
+}
+
+impl Placed for Entry {
+    #[inline]
+    fn place(&self, slot: usize) {
+        weakkey::set_slot(&self.wr, slot);
+    }
 }
 
 /// How keys are identified.
@@ -32,29 +44,28 @@ pub enum KeyMode {
     Hash,
 }
 
-/// Removes a dead key's entry (one per dictionary; its bound `key_died` method is the callback
-/// of every weakref the dictionary makes).
+/// What a dead key's weakref callback needs to find its dictionary (one per dictionary; the
+/// callback is a builtin function bound to it, see `weakkey::key_died_callback`).
 #[pyclass(module = "ferrodyn._C", name = "_WeakRemover", frozen)]
 pub struct PyWeakRemover {
     shared: std::sync::Weak<Shared<Entry>>,
 }
 
-#[pymethods]
-impl PyWeakRemover {
-    fn key_died(&self, wr: &Bound<'_, PyAny>) {
-        if let Some(shared) = self.shared.upgrade() {
-            shared.remove_dead(wr.as_ptr() as usize);
-        }
-    }
-
-    fn __call__(&self, wr: &Bound<'_, PyAny>) {
-        self.key_died(wr)
+/// A key died: remove its entry (`slot`, weakref address `refid`) from the dictionary of
+/// `remover`, if that is still alive. Called by the weakref callback (rust/ffi/weakkey.rs) for a
+/// dead `_WeakKeyRef`, with the GIL held; drops no `Py` (entries hold `GilRef`s).
+pub fn on_key_death(remover: pyo3::Borrowed<'_, '_, PyAny>, slot: usize, refid: usize) {
+    let Ok(remover) = remover.cast::<PyWeakRemover>() else {
+        return;
+    };
+    if let Some(shared) = remover.get().shared.upgrade() {
+        shared.remove_dead(slot, refid);
     }
 }
 
 pub struct Core {
     pub shared: Arc<Shared<Entry>>,
-    /// `PyWeakRemover.key_died`, bound: the callback of every weakref this dictionary makes.
+    /// The callback of every weakref this dictionary makes (bound to its `PyWeakRemover`).
     callback: Py<PyAny>,
     /// `KeyMode::Hash` when set; changed only by `__init__` (`set_mode`) while the table is empty.
     hash_mode: AtomicBool,
@@ -119,7 +130,7 @@ impl Core {
                 shared: Arc::downgrade(&shared),
             },
         )?;
-        let callback = remover.getattr(intern!(py, "key_died"))?.unbind();
+        let callback = weakkey::key_died_callback(remover.as_any())?.unbind();
         Ok(Core {
             shared,
             callback,
@@ -250,11 +261,11 @@ impl Core {
         let hit = self.locked(|t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => Some(if overwrite {
                 (
-                    std::mem::replace(&mut e.value, value.clone().unbind()),
+                    std::mem::replace(&mut e.value, GilRef::new(value.clone().unbind())),
                     value.clone().unbind(),
                 )
             } else {
-                (value.clone().unbind(), e.value.clone_ref(py))
+                (GilRef::new(value.clone().unbind()), e.value.clone_ref(py))
             }),
             _ => None,
         })?;
@@ -262,17 +273,18 @@ impl Core {
             return Ok(now);
         }
         // 2. absent: make the weakref unlocked (it can run the garbage collector, hence any code).
-        let wr = PyWeakrefReference::new_with(key, self.callback.bind(py))?;
+        let wr = weakkey::new_key_ref(key, self.callback.bind(py))?;
         let refid = wr.as_ptr() as usize;
         let entry = Entry {
-            wr: wr.unbind(),
-            value: value.clone().unbind(),
+            wr: GilRef::new(wr.unbind()),
+            value: GilRef::new(value.clone().unbind()),
         };
         // 3. insert, unless that code inserted the key meanwhile.
         let (now, _unused) = self.locked(|t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => {
                 if overwrite {
-                    let old = std::mem::replace(&mut e.value, entry.value.clone_ref(py));
+                    let old =
+                        std::mem::replace(&mut e.value, GilRef::new(entry.value.clone_ref(py)));
                     (entry.value.clone_ref(py), Some((entry, Some(old))))
                 } else {
                     (e.value.clone_ref(py), Some((entry, None)))
@@ -387,8 +399,8 @@ impl Core {
         self.shared
             .try_peek(|t| {
                 for s in t.iter() {
-                    visit.call(&s.entry.value)?;
-                    visit.call(&s.entry.wr)?;
+                    visit.call(&*s.entry.value)?;
+                    visit.call(&*s.entry.wr)?;
                 }
                 Ok(())
             })

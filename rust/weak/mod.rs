@@ -5,13 +5,15 @@
 //! - `shared`: the table behind a lock that is never held while Python code runs, deferred
 //!   removals, live-iterator count (pure Rust);
 //! - `core`: the dictionary operations on Python objects (weakref per key, callback removal);
-//! - `dict`: the Python classes and their iterator.
+//! - `dict`: the Python classes and their iterator;
+//! - `debug`: `_debug_weak_*` introspection for the tests.
 //!
 //! Does not own the public names (`ferrodyn.weak` re-exports them and registers them as
 //! `collections.abc.MutableMapping`).
 use pyo3::prelude::*;
 
 pub mod core;
+mod debug;
 pub mod dict;
 pub mod shared;
 pub mod table;
@@ -22,5 +24,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dict::PyWeakKeyExactDictionary>()?;
     m.add_class::<dict::PyWeakDictIterator>()?;
     m.add_class::<core::PyWeakRemover>()?;
+    m.add("_WeakKeyRef", crate::ffi::weakkey::type_object(m.py())?)?;
+    debug::register(m)?;
     Ok(())
 }

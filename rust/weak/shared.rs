@@ -21,7 +21,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use super::table::Table;
+use super::table::{Placed, Table};
 
 /// The table was already locked on this thread (a re-entrant call the discipline forbids).
 #[derive(Debug, PartialEq, Eq)]
@@ -29,12 +29,13 @@ pub struct Busy;
 
 pub struct Shared<E> {
     table: Mutex<Table<E>>,
-    pending: Mutex<Vec<usize>>,
+    /// (slot, refid) of deaths that found the table locked.
+    pending: Mutex<Vec<(usize, usize)>>,
     has_pending: AtomicBool,
     iterators: AtomicUsize,
 }
 
-impl<E> Default for Shared<E> {
+impl<E: Placed> Default for Shared<E> {
     fn default() -> Self {
         Shared {
             table: Mutex::new(Table::default()),
@@ -100,7 +101,7 @@ fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl<E: 'static> Shared<E> {
+impl<E: Placed + 'static> Shared<E> {
     /// Run `f` on the locked table; entries it removed are dropped after unlocking.
     pub fn with<R>(&self, f: impl FnOnce(&mut Table<E>) -> R) -> Result<R, Busy> {
         let (r, trash) = {
@@ -112,8 +113,8 @@ impl<E: 'static> Shared<E> {
             if self.has_pending.load(Ordering::Acquire) {
                 self.has_pending.store(false, Ordering::Release);
                 let refs = std::mem::take(&mut *lock_ignoring_poison(&self.pending));
-                for r in refs {
-                    t.remove_by_ref(r);
+                for (slot, refid) in refs {
+                    t.remove_dead_deferred(slot, refid);
                 }
             }
             let r = f(&mut t);
@@ -124,13 +125,13 @@ impl<E: 'static> Shared<E> {
         Ok(r)
     }
 
-    /// A key died: remove the entry of weakref `refid` now, or later if the table is busy.
-    /// Returns true when it was applied now.
-    pub fn remove_dead(&self, refid: usize) -> bool {
-        if self.with(|t| t.remove_by_ref(refid)).is_ok() {
+    /// A key died: remove the entry of weakref `refid`, placed at `slot`, now, or later if the
+    /// table is busy. Returns true when it was applied now.
+    pub fn remove_dead(&self, slot: usize, refid: usize) -> bool {
+        if self.with(|t| t.remove_dead(slot, refid)).is_ok() {
             return true;
         }
-        lock_ignoring_poison(&self.pending).push(refid);
+        lock_ignoring_poison(&self.pending).push((slot, refid));
         self.has_pending.store(true, Ordering::Release);
         false
     }
@@ -175,7 +176,11 @@ mod tests {
         name: &'static str,
         log: Arc<StdMutex<Vec<String>>>,
         shared: std::sync::Weak<Shared<Probe>>,
-        on_drop: Option<usize>, // a refid whose key "dies" when this entry is dropped
+        on_drop: Option<(usize, usize)>, // (slot, refid) of a key that "dies" when this is dropped
+    }
+
+    impl Placed for Probe {
+        fn place(&self, _: usize) {}
     }
 
     impl Drop for Probe {
@@ -186,8 +191,8 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push(format!("drop {} unlocked={free}", self.name));
-            if let Some(r) = self.on_drop {
-                shared.remove_dead(r);
+            if let Some((slot, r)) = self.on_drop {
+                shared.remove_dead(slot, r);
             }
         }
     }
@@ -196,7 +201,7 @@ mod tests {
         s: &Arc<Shared<Probe>>,
         log: &Arc<StdMutex<Vec<String>>>,
         name: &'static str,
-        on_drop: Option<usize>,
+        on_drop: Option<(usize, usize)>,
     ) -> Probe {
         Probe {
             name,
@@ -212,8 +217,8 @@ mod tests {
         let log = Arc::new(StdMutex::new(Vec::new()));
         // dropping a's entry kills b's key, whose entry kills c's key
         let (a, b, c) = (
-            probe(&s, &log, "a", Some(2)),
-            probe(&s, &log, "b", Some(3)),
+            probe(&s, &log, "a", Some((1, 2))),
+            probe(&s, &log, "b", Some((2, 3))),
             probe(&s, &log, "c", None),
         );
         s.with(|t| {
@@ -244,6 +249,14 @@ mod tests {
         struct Link {
             shared: std::sync::Weak<Shared<Link>>,
             next: Option<usize>,
+            /// Where each link was placed (compaction moves them as the cascade goes).
+            placed: Arc<Vec<AtomicUsize>>,
+            me: usize,
+        }
+        impl Placed for Link {
+            fn place(&self, slot: usize) {
+                self.placed[self.me].store(slot, Ordering::Relaxed);
+            }
         }
         impl Drop for Link {
             fn drop(&mut self) {
@@ -251,13 +264,14 @@ mod tests {
                 DEPTH.with(|x| x.set(d));
                 MAX_DEPTH.with(|m| m.set(m.get().max(d)));
                 if let (Some(r), Some(s)) = (self.next, self.shared.upgrade()) {
-                    s.remove_dead(r);
+                    s.remove_dead(self.placed[r].load(Ordering::Relaxed), r);
                 }
                 DEPTH.with(|x| x.set(d - 1));
             }
         }
         let s: Arc<Shared<Link>> = Arc::new(Shared::default());
         let n = 100_000;
+        let placed: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
         s.with(|t| {
             for i in 0..n {
                 let next = (i + 1 < n).then_some(i + 1);
@@ -267,12 +281,14 @@ mod tests {
                     Link {
                         shared: Arc::downgrade(&s),
                         next,
+                        placed: placed.clone(),
+                        me: i,
                     },
                 );
             }
         })
         .unwrap();
-        s.remove_dead(0);
+        s.remove_dead(0, 0);
         assert_eq!(s.with(|t| t.len()).unwrap(), 0);
         assert_eq!(MAX_DEPTH.with(|m| m.get()), 1);
     }
@@ -288,7 +304,7 @@ mod tests {
         let applied = s
             .with(|t| {
                 // a callback firing while the table is locked
-                let now = s.remove_dead(11);
+                let now = s.remove_dead(0, 11);
                 (now, t.len())
             })
             .unwrap();
@@ -316,7 +332,7 @@ mod tests {
             .unwrap();
         s.begin_iteration();
         for r in 0..60 {
-            s.remove_dead(r);
+            s.remove_dead(r, r);
         }
         assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 64));
         s.end_iteration();

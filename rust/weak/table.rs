@@ -1,16 +1,18 @@
 //! `Table`: the insertion-ordered, identity-keyed bookkeeping behind the weak dictionaries.
 //!
 //! Pure Rust (no pyo3): entries are generic, keys are `u64` (an object's address, or its hash for
-//! hash-keyed dictionaries) and every entry also carries a `refid` (the address of its weakref)
-//! so a weakref callback can find the entry it belongs to.
+//! hash-keyed dictionaries) and every entry also carries a `refid` (the address of its weakref).
 //!
-//! Layout: a `Vec` of slots in insertion order (removed slots become tombstones) plus two hash
-//! maps, key -> slot index and refid -> slot index. A key's death (the hot removal) probes only
-//! `by_ref`: its `index` entry is left behind, stale, and every lookup through `index` checks that
-//! the slot it names is live and holds that key. Stale entries are dropped when the index is
-//! rebuilt, at a fixed ratio of stale to live entries (so their number stays bounded). Iterators walk slot indices, so slots never move
-//! while an iterator is alive; compaction (dropping tombstones) only happens when the caller says
-//! no iterator exists.
+//! Layout: a `Vec` of slots in insertion order (removed slots become tombstones) plus one hash
+//! map, key -> slot index. Every entry is told its slot index (`Placed::place`) when it is
+//! inserted and whenever compaction moves it; the real entries store it in their weakref, so a
+//! key's death (the hot removal) names its slot and `remove_dead` only checks that the slot still
+//! holds that weakref (`refid`): no hash probe. The key's `index` entry is left behind, stale, and
+//! every lookup through `index` checks that the slot it names is live and holds that key. Stale
+//! entries are dropped when the index is rebuilt, at a fixed ratio of stale to live entries (so
+//! their number stays bounded). Iterators walk slot indices, so slots never move while an
+//! iterator is alive; compaction (dropping tombstones) only happens when the caller says no
+//! iterator exists.
 //!
 //! Nothing here drops an entry: every removed entry is moved to `trash`, which the owner empties
 //! only after it has released its lock (dropping an entry runs Python code in the real
@@ -59,6 +61,13 @@ impl Hasher for IdHasher {
     }
 }
 
+/// An entry that wants to know its slot index (the weak dictionaries' entries write it into
+/// their key's weakref, for `Table::remove_dead`). Called inside the owner's locked section: it
+/// must not run Python code.
+pub trait Placed {
+    fn place(&self, slot: usize);
+}
+
 /// One live slot.
 pub struct Slot<E> {
     pub key: u64,
@@ -75,7 +84,6 @@ const COMPACT_RATIO: usize = 2;
 pub struct Table<E> {
     slots: Vec<Option<Slot<E>>>,
     index: HashMap<u64, usize, IdHash>,
-    by_ref: HashMap<usize, usize, IdHash>,
     /// Number of live slots (`index` may also hold stale entries of dead keys).
     live: usize,
     /// Bumped by every explicit insertion of a new key and every explicit removal (not by a key's
@@ -90,7 +98,6 @@ impl<E> Default for Table<E> {
         Table {
             slots: Vec::new(),
             index: HashMap::with_hasher(IdHash),
-            by_ref: HashMap::with_hasher(IdHash),
             live: 0,
             size_changes: 0,
             trash: Vec::new(),
@@ -98,7 +105,7 @@ impl<E> Default for Table<E> {
     }
 }
 
-impl<E> Table<E> {
+impl<E: Placed> Table<E> {
     /// Number of live entries.
     #[inline]
     pub fn len(&self) -> usize {
@@ -126,6 +133,11 @@ impl<E> Table<E> {
         self.size_changes
     }
 
+    /// Number of index entries (live and stale).
+    pub fn index_len(&self) -> usize {
+        self.index.len()
+    }
+
     /// Number of slots (live and tombstones): an upper bound for iteration positions.
     pub fn slot_count(&self) -> usize {
         self.slots.len()
@@ -147,9 +159,9 @@ impl<E> Table<E> {
     pub fn insert_new(&mut self, key: u64, refid: usize, entry: E) {
         debug_assert!(self.slot_of(key).is_none(), "insert_new of a present key");
         let i = self.slots.len();
+        entry.place(i);
         self.slots.push(Some(Slot { key, refid, entry }));
         self.index.insert(key, i);
-        self.by_ref.insert(refid, i);
         self.live += 1;
         self.size_changes += 1;
     }
@@ -157,7 +169,6 @@ impl<E> Table<E> {
     fn take_slot(&mut self, i: usize) -> Option<&E> {
         let slot = self.slots[i].take()?;
         self.index.remove(&slot.key);
-        self.by_ref.remove(&slot.refid);
         self.live -= 1;
         self.trash.push(slot.entry);
         self.trash.last()
@@ -173,19 +184,38 @@ impl<E> Table<E> {
         self.take_slot(i)
     }
 
-    /// Remove the entry whose weakref is `refid` (its key died). Not a size change.
-    pub fn remove_by_ref(&mut self, refid: usize) -> bool {
-        let Some(i) = self.by_ref.remove(&refid) else {
+    /// Remove the entry of weakref `refid` (its key died), which was placed at `slot`. Nothing
+    /// happens when that slot does not hold it (the entry was removed explicitly before the key
+    /// died, and the weakref outlived its entry, e.g. through `keyrefs()`). Not a size change.
+    #[inline]
+    pub fn remove_dead(&mut self, slot: usize, refid: usize) -> bool {
+        let Some(s) = self.slots.get_mut(slot) else {
             return false;
         };
+        if s.as_ref().is_none_or(|s| s.refid != refid) {
+            return false;
+        }
+        let s = s.take().expect("checked above");
         // the key's `index` entry is left stale (see the module doc)
-        let Some(slot) = self.slots.get_mut(i).and_then(Option::take) else {
-            debug_assert!(false, "by_ref points at live slots");
-            return false;
-        };
         self.live -= 1;
-        self.trash.push(slot.entry);
+        self.trash.push(s.entry);
         true
+    }
+
+    /// `remove_dead` for a removal that was deferred (`Shared`'s pending queue): the slot may
+    /// have moved since, so the entry is looked for by `refid` when it is not at `slot`.
+    pub fn remove_dead_deferred(&mut self, slot: usize, refid: usize) -> bool {
+        if self.remove_dead(slot, refid) {
+            return true;
+        }
+        match self
+            .slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.refid == refid))
+        {
+            Some(i) => self.remove_dead(i, refid),
+            None => false,
+        }
     }
 
     /// The last live slot (LIFO order, as `dict.popitem`), without removing it.
@@ -214,7 +244,6 @@ impl<E> Table<E> {
             self.size_changes += 1;
         }
         self.index.clear();
-        self.by_ref.clear();
         self.live = 0;
         self.trash
             .extend(self.slots.drain(..).flatten().map(|s| s.entry));
@@ -232,7 +261,12 @@ impl<E> Table<E> {
             let n = self.slots.len();
             if n >= COMPACT_MIN_SLOTS && self.live * COMPACT_RATIO <= n {
                 self.slots.retain(|s| s.is_some());
-                self.rebuild_maps();
+                for (i, s) in self.slots.iter().enumerate() {
+                    if let Some(s) = s {
+                        s.entry.place(i);
+                    }
+                }
+                self.rebuild_index();
                 if self.slots.capacity() > 4 * self.slots.len() + COMPACT_MIN_SLOTS {
                     self.slots.shrink_to(2 * self.slots.len());
                 }
@@ -240,22 +274,20 @@ impl<E> Table<E> {
             }
         }
         if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS {
-            self.rebuild_maps();
+            self.rebuild_index();
         }
     }
 
-    fn rebuild_maps(&mut self) {
+    fn rebuild_index(&mut self) {
         self.index.clear();
-        self.by_ref.clear();
         for (i, s) in self.slots.iter().enumerate() {
             if let Some(s) = s {
                 self.index.insert(s.key, i);
-                self.by_ref.insert(s.refid, i);
             }
         }
     }
 
-    /// Internal consistency (for tests): maps and slots agree.
+    /// Internal consistency (for tests): the index and the slots agree.
     pub fn check_invariants(&self) -> Result<(), String> {
         let live: Vec<(usize, &Slot<E>)> = self
             .slots
@@ -263,16 +295,12 @@ impl<E> Table<E> {
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
             .collect();
-        if live.len() != self.live
-            || live.len() > self.index.len()
-            || live.len() != self.by_ref.len()
-        {
+        if live.len() != self.live || live.len() > self.index.len() {
             return Err(format!(
-                "{} live slots (counted {}), {} index entries, {} refs",
+                "{} live slots (counted {}), {} index entries",
                 live.len(),
                 self.live,
                 self.index.len(),
-                self.by_ref.len()
             ));
         }
         if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS + 1 {
@@ -290,9 +318,6 @@ impl<E> Table<E> {
                     i
                 ));
             }
-            if self.by_ref.get(&s.refid) != Some(&i) {
-                return Err(format!("ref {} does not map to slot {}", s.refid, i));
-            }
         }
         Ok(())
     }
@@ -301,8 +326,34 @@ impl<E> Table<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
 
-    fn keys<E>(t: &Table<E>) -> Vec<u64> {
+    impl Placed for u32 {
+        fn place(&self, _: usize) {}
+    }
+    impl Placed for u64 {
+        fn place(&self, _: usize) {}
+    }
+    impl Placed for String {
+        fn place(&self, _: usize) {}
+    }
+    impl Placed for () {
+        fn place(&self, _: usize) {}
+    }
+
+    /// An entry that remembers where it was placed, as the dictionaries' weakrefs do.
+    struct At {
+        v: u64,
+        slot: Rc<Cell<usize>>,
+    }
+    impl Placed for At {
+        fn place(&self, slot: usize) {
+            self.slot.set(slot);
+        }
+    }
+
+    fn keys<E: Placed>(t: &Table<E>) -> Vec<u64> {
         t.iter().map(|s| s.key).collect()
     }
 
@@ -327,7 +378,7 @@ mod tests {
     fn a_dead_keys_stale_index_entry_never_answers_for_a_reused_slot() {
         let mut t: Table<u32> = Table::default();
         t.insert_new(1, 11, 1);
-        assert!(t.remove_by_ref(11)); // index keeps 1 -> 0, stale
+        assert!(t.remove_dead(0, 11)); // index keeps 1 -> 0, stale
         t.maybe_compact(true); // the trailing tombstone is popped
         t.insert_new(2, 22, 2); // slot 0 again, another key
         assert_eq!(t.get(1), None);
@@ -344,7 +395,7 @@ mod tests {
         t.insert_new(0, 0, 0); // one long-lived key: slots never become empty
         for k in 1..10_000u64 {
             t.insert_new(k, k as usize, 0);
-            assert!(t.remove_by_ref(k as usize));
+            assert!(t.remove_dead(t.slot_count() - 1, k as usize));
             t.maybe_compact(k % 2 == 0); // with and without iterators alive
             assert!(t.index.len() <= COMPACT_RATIO * t.len() + COMPACT_MIN_SLOTS + 1);
         }
@@ -353,13 +404,13 @@ mod tests {
     }
 
     #[test]
-    fn remove_by_ref_is_not_a_size_change() {
+    fn remove_dead_is_not_a_size_change() {
         let mut t = Table::default();
         t.insert_new(1, 100, ());
         t.insert_new(2, 200, ());
         let before = t.size_changes();
-        assert!(t.remove_by_ref(100));
-        assert!(!t.remove_by_ref(100));
+        assert!(t.remove_dead(0, 100));
+        assert!(!t.remove_dead(0, 100));
         assert_eq!(t.size_changes(), before);
         assert!(t.remove(2, true).is_some());
         assert_eq!(t.size_changes(), before + 1);
@@ -374,7 +425,7 @@ mod tests {
             t.insert_new(k, k as usize, k);
         }
         for k in 0..90u64 {
-            t.remove_by_ref(k as usize);
+            t.remove_dead(k as usize, k as usize);
             t.maybe_compact(false);
         }
         // an iterator positioned at slot 95 still finds key 95 there
@@ -422,6 +473,47 @@ mod tests {
     }
 
     #[test]
+    fn remove_dead_checks_the_slot_holds_the_weakref() {
+        let mut t = Table::default();
+        t.insert_new(1, 11, 1u32);
+        t.insert_new(2, 22, 2u32);
+        assert!(t.remove(1, true).is_some()); // explicit removal; weakref 11 lives on elsewhere
+        t.maybe_compact(true);
+        assert!(!t.remove_dead(0, 11), "slot 0 is a tombstone");
+        assert!(!t.remove_dead(1, 11), "slot 1 holds another weakref");
+        assert!(!t.remove_dead(7, 22), "out of range");
+        assert_eq!(t.len(), 1);
+        assert!(t.remove_dead(1, 22));
+        assert!(t.is_empty());
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn compaction_tells_entries_their_new_slot() {
+        let mut t = Table::default();
+        let cells: Vec<_> = (0..40u64).map(|_| Rc::new(Cell::new(usize::MAX))).collect();
+        for (k, c) in cells.iter().enumerate() {
+            let slot = c.clone();
+            t.insert_new(k as u64, k, At { v: k as u64, slot });
+            assert_eq!(c.get(), k);
+        }
+        for (k, c) in cells.iter().enumerate().take(30) {
+            assert!(t.remove_dead(c.get(), k));
+        }
+        t.maybe_compact(true);
+        assert_eq!(t.slot_count(), 10);
+        for (k, c) in cells.iter().enumerate().skip(30) {
+            assert_eq!(c.get(), k - 30);
+            assert_eq!(t.get(k as u64).map(|e| e.v), Some(k as u64));
+        }
+        // a removal deferred across the compaction still finds its entry
+        assert!(!t.remove_dead(35, 35));
+        assert!(t.remove_dead_deferred(35, 35));
+        assert_eq!(t.len(), 9);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
     fn random_operations_match_a_model() {
         // a tiny deterministic generator, no external crates
         let mut seed = 0x1234_5678_u64;
@@ -431,29 +523,44 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         };
-        let mut t: Table<u64> = Table::default();
-        let mut model: Vec<(u64, u64)> = Vec::new(); // (key, value) in insertion order
+        let mut t: Table<At> = Table::default();
+        // (key, value, the slot its entry was told) in insertion order
+        let mut model: Vec<(u64, u64, Rc<Cell<usize>>)> = Vec::new();
+        let mut refid = 0usize;
+        let mut refids = std::collections::HashMap::new();
         for step in 0..20_000u64 {
             let k = rnd(64) * 16; // address-like keys
             match rnd(4) {
                 0 | 1 => {
                     if let Some(e) = t.get_mut(k) {
-                        *e = step;
-                        model.iter_mut().find(|(mk, _)| *mk == k).unwrap().1 = step;
+                        e.v = step;
+                        model.iter_mut().find(|(mk, ..)| *mk == k).unwrap().1 = step;
                     } else {
-                        t.insert_new(k, (k + 1) as usize, step);
-                        model.push((k, step));
+                        let slot = Rc::new(Cell::new(usize::MAX));
+                        refid += 1; // every insertion makes a new weakref
+                        refids.insert(k, refid);
+                        t.insert_new(
+                            k,
+                            refid,
+                            At {
+                                v: step,
+                                slot: slot.clone(),
+                            },
+                        );
+                        model.push((k, step, slot));
                     }
                 }
                 2 => {
-                    let got = t.remove(k, true).copied();
-                    let pos = model.iter().position(|(mk, _)| *mk == k);
+                    let got = t.remove(k, true).map(|e| e.v);
+                    let pos = model.iter().position(|(mk, ..)| *mk == k);
                     assert_eq!(got, pos.map(|p| model.remove(p).1));
                 }
                 _ => {
-                    let got = t.remove_by_ref((k + 1) as usize);
-                    let pos = model.iter().position(|(mk, _)| *mk == k);
-                    assert_eq!(got, pos.is_some());
+                    // k's key dies: its weakref names the slot it was last told
+                    let pos = model.iter().position(|(mk, ..)| *mk == k);
+                    let slot = pos.map_or(rnd(8) as usize, |p| model[p].2.get());
+                    let r = refids.get(&k).copied().unwrap_or(usize::MAX);
+                    assert_eq!(t.remove_dead(slot, r), pos.is_some(), "step {step}");
                     if let Some(p) = pos {
                         model.remove(p);
                     }
@@ -461,8 +568,9 @@ mod tests {
             }
             t.maybe_compact(rnd(3) != 0);
             t.trash.clear();
-            let got: Vec<(u64, u64)> = t.iter().map(|s| (s.key, s.entry)).collect();
-            assert_eq!(got, model, "step {step}");
+            let got: Vec<(u64, u64)> = t.iter().map(|s| (s.key, s.entry.v)).collect();
+            let want: Vec<(u64, u64)> = model.iter().map(|(k, v, _)| (*k, *v)).collect();
+            assert_eq!(got, want, "step {step}");
         }
         t.check_invariants().unwrap();
     }
