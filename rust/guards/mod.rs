@@ -20,6 +20,7 @@ mod builder;
 mod consts;
 pub mod global_state;
 mod leaves;
+mod replay;
 mod shape_leaf;
 pub mod symexpr;
 mod tree;

@@ -163,6 +163,37 @@ impl TensorSpec {
         })
     }
 
+    /// The check decided from raw reads alone (no Python call, no allocation): None when only
+    /// the Python API can decide (a tensor subclass, a view's autograd metadata, ...).
+    #[inline]
+    pub fn check_raw(&self, v: &Bound<'_, PyAny>) -> Option<bool> {
+        let h = &self.hot;
+        if v.get_type_ptr() as usize != h.type_ptr {
+            return Some(false);
+        }
+        if !h.has_raw {
+            return None;
+        }
+        let r = plain_read(v, h.non_plain_keys)?;
+        if r.keys != h.keys || r.dtype != h.dtype || r.device != h.device || r.sizes.len() != h.ndim
+        {
+            return Some(false);
+        }
+        if h.ndim <= INLINE_DIMS {
+            for i in 0..h.ndim {
+                let [size, stride] = h.dims[i];
+                if ((h.size_mask >> i) & 1 != 0 && r.sizes[i] != size)
+                    || ((h.stride_mask >> i) & 1 != 0 && r.strides[i] != stride)
+                {
+                    return Some(false);
+                }
+            }
+        } else if !dims_match(&self.sizes, r.sizes) || !dims_match(&self.strides, r.strides) {
+            return Some(false);
+        }
+        r.requires_grad.map(|rg| rg == h.requires_grad)
+    }
+
     /// The hot path. Never raises.
     #[inline]
     pub fn check(&self, v: &Bound<'_, PyAny>) -> bool {
