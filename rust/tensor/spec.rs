@@ -6,6 +6,7 @@ use pyo3::types::PyTuple;
 
 use super::{plain_read, torch, Torch};
 use crate::error::{Error, Result};
+use crate::ffi::tensor::{check_expect, Expect};
 use crate::guards::{type_name, IdRef};
 
 /// Dimensions compared from inline arrays (no pointer chase on the hot path); more go through
@@ -33,6 +34,8 @@ struct Hot {
 }
 
 pub struct TensorSpec {
+    /// The packed compare for plain tensors of up to 5 dims (None: `hot` decides).
+    expect: Option<Expect>,
     hot: Hot,
     typ: IdRef,
     type_name: String,
@@ -107,7 +110,27 @@ impl TensorSpec {
         let requires_grad: bool = example.getattr("requires_grad")?.extract()?;
         let keys = tc.keys_py(example)?;
         let (dtype_raw, device_raw) = raw.unwrap_or((0, [0; 3]));
+        let size_opts: Vec<Option<i64>> = sizes
+            .iter()
+            .zip(&dynamic)
+            .map(|(&s, &d)| (!d).then_some(s))
+            .collect();
+        let stride_opts: Vec<Option<i64>> = strides
+            .iter()
+            .zip(&dynamic)
+            .map(|(&s, &d)| (!d && check_strides).then_some(s))
+            .collect();
+        let expect = Expect::new(
+            example,
+            &size_opts,
+            &stride_opts,
+            requires_grad,
+            keys,
+            tc.cal.non_plain_keys,
+        )
+        .filter(|_| raw.is_some());
         Ok(TensorSpec {
+            expect,
             hot: Hot {
                 type_ptr: example.get_type_ptr() as usize,
                 keys,
@@ -128,16 +151,8 @@ impl TensorSpec {
             device: device.unbind(),
             requires_grad,
             keys,
-            sizes: sizes
-                .iter()
-                .zip(&dynamic)
-                .map(|(&s, &d)| (!d).then_some(s))
-                .collect(),
-            strides: strides
-                .iter()
-                .zip(&dynamic)
-                .map(|(&s, &d)| (!d && check_strides).then_some(s))
-                .collect(),
+            sizes: size_opts,
+            strides: stride_opts,
         })
     }
 
@@ -167,6 +182,11 @@ impl TensorSpec {
     /// the Python API can decide (a tensor subclass, a view's autograd metadata, ...).
     #[inline]
     pub fn check_raw(&self, v: &Bound<'_, PyAny>) -> Option<bool> {
+        if let Some(e) = &self.expect {
+            if let Some(ok) = check_expect(v, e) {
+                return Some(ok);
+            }
+        }
         let h = &self.hot;
         if v.get_type_ptr() as usize != h.type_ptr {
             return Some(false);
@@ -197,6 +217,11 @@ impl TensorSpec {
     /// The hot path. Never raises.
     #[inline]
     pub fn check(&self, v: &Bound<'_, PyAny>) -> bool {
+        if let Some(e) = &self.expect {
+            if let Some(ok) = check_expect(v, e) {
+                return ok;
+            }
+        }
         let h = &self.hot;
         if v.get_type_ptr() as usize != h.type_ptr {
             return false;
