@@ -214,12 +214,47 @@ def test_replay_hands_over_the_current_parameters():
     h.step()
 
 
-def test_trees_with_shape_guards_are_not_replayable():
-    def f(x):
-        return x * 2
+def test_shape_guards_replay_as_the_full_path():
+    def f(x, y, n):
+        return (x @ y) * n + x.shape[0] // 2
 
-    opt = ferrodyn.compile(f, backend="eager", dynamic=True)
-    opt(torch.randn(3, 2))
+    fd, tc = CountingBackend(), CountingBackend()
+    opt = ferrodyn.compile(f, backend=fd, dynamic=True)
+    ref = torch.compile(f, backend=tc, dynamic=True)
+    first = (torch.randn(4, 3), torch.randn(3, 5), 2)
+    torch.testing.assert_close(opt(*first), f(*first))
+    torch.testing.assert_close(ref(*first), f(*first))
     (entry,) = _C.cache_entries(f.__code__)
-    assert not entry.guards.replayable
-    assert entry.guards._replay((torch.randn(5, 2),)) is None
+    tree = entry.guards
+    assert tree.replayable
+    decided = set()
+    cases = [(torch.randn(a, b), torch.randn(c, d), n)
+             for a, b, c, d, n in [(6, 3, 3, 7, 2), (6, 4, 4, 2, 5), (1, 3, 3, 5, 2), (6, 3, 2, 5, 2),
+                                   (4, 3, 3, 1, 2), (2, 2, 2, 2, 3)]]
+    cases.append((torch.randn(3, 6).t(), torch.randn(3, 5), 2))  # other strides
+    cases.append((torch.randn(4, 3), torch.randn(3, 5), 2.5))  # a float where an int was
+    for args in cases:
+        r = tree._replay(args)
+        assert r in (None, tree._full_check(args))
+        decided.add(r)
+        if args[0].shape[1] == args[1].shape[0]:
+            torch.testing.assert_close(opt(*args), f(*args))
+            torch.testing.assert_close(ref(*args), f(*args))
+    assert {True, False} <= decided
+    assert fd.count == tc.count
+
+
+def test_dict_version_tags_move_with_every_mutation():
+    d = {}
+    seen = {_C._dict_version(d)}
+    if None in seen:  # 3.13: versions are not read, so nothing is ever replayed from them
+        assert sys.version_info >= (3, 13)
+        return
+    for mutate in (lambda: d.__setitem__("a", 1), lambda: d.__setitem__("a", 2),
+                   lambda: d.update(b=3), lambda: d.pop("a"), lambda: d.setdefault("c", 4),
+                   d.clear):
+        mutate()
+        v = _C._dict_version(d)
+        assert v not in seen
+        seen.add(v)
+    assert _C._dict_version({}) not in seen  # a new dict: a new version

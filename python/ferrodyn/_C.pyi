@@ -283,6 +283,9 @@ class GuardBuilder:
     def build(self) -> GuardTree:
         """Finish; the builder cannot be used afterwards."""
 
+def _dict_version(d: dict[Any, Any]) -> int | None:
+    """A dict's version tag as the guard replay path reads it (None on 3.13); for tests."""
+
 class GuardTree:
     """An immutable tree of accessors and leaves."""
 

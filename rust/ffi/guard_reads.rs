@@ -355,34 +355,15 @@ pub fn cell_contents_held(cell: Held) -> Option<Held> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use pyo3::types::PyList;
+    use pyo3::ffi;
 
+    /// The fields read here sit where the CPython headers put them (Include/cpython/dictobject.h:
+    /// `PyObject_HEAD; Py_ssize_t ma_used; uint64_t ma_version_tag;`).
     #[test]
-    fn dict_versions_change_on_mutation() {
-        Python::attach(|py| {
-            let d = PyDict::new(py);
-            let v0 = dict_version_of(d.as_any());
-            d.set_item("a", 1).unwrap();
-            let v1 = dict_version_of(d.as_any());
-            if cfg!(Py_3_13) {
-                assert_eq!((v0, v1), (None, None));
-                return;
-            }
-            assert_ne!(v0, v1);
-            d.del_item("a").unwrap();
-            assert_ne!(v1, dict_version_of(d.as_any()));
-            let e = PyDict::new(py);
-            assert_ne!(dict_version_of(e.as_any()), dict_version_of(d.as_any()));
-            assert_eq!(held_dict(&d).exact_len(), Some(0));
-            let l = PyList::new(py, [1, 2, 3]).unwrap();
-            assert_eq!(held(l.as_any()).exact_len(), Some(3));
-            assert_eq!(
-                held(l.as_any())
-                    .exact_seq_item(-1)
-                    .map(|h| h.to_owned(py).extract::<i64>().unwrap()),
-                Some(3)
-            );
-        });
+    #[allow(deprecated)]
+    fn dict_layout_matches_the_header() {
+        assert_eq!(std::mem::offset_of!(ffi::PyDictObject, ma_used), 16);
+        #[cfg(not(Py_3_13))]
+        assert_eq!(std::mem::offset_of!(ffi::PyDictObject, ma_version_tag), 24);
     }
 }

@@ -404,3 +404,51 @@ pub fn check_expect(obj: &Bound<'_, PyAny>, e: &Expect) -> Option<bool> {
         impl_requires_grad(imp, l, true).map(|rg| rg == e.requires_grad)
     }
 }
+
+/// Sizes and strides of a plain tensor read directly, without its autograd metadata (for
+/// symbolic-shape leaves): None unless the layout is verified and `obj` is a tensor whose
+/// sizes are stored the plain way (no custom policy, no `non_plain_keys`).
+#[inline]
+pub fn read_dims<'a>(
+    obj: &'a Bound<'_, PyAny>,
+    non_plain_keys: u64,
+) -> Option<(&'a [i64], &'a [i64])> {
+    let l = layout()?;
+    let o = obj.as_ptr();
+    if !is_tensor_fast(o, l) {
+        return None;
+    }
+    // SAFETY: as in `read_tensor_with`: `o` is a THPVariable, the offsets are verified and lie
+    // inside its TensorImpl (or the out-of-line sizes array it owns).
+    unsafe {
+        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
+        if imp.is_null() {
+            return None;
+        }
+        let policy =
+            u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
+        let keys = *(imp.add(l.keys) as *const u64);
+        if policy != 0 || keys & non_plain_keys != 0 {
+            return None;
+        }
+        let sas = imp.add(l.sizes_strides);
+        let n = *(sas as *const usize);
+        if n > 64 {
+            return None;
+        }
+        let base = if n <= INLINE {
+            sas.add(8) as *const i64
+        } else {
+            let b = *(sas.add(8) as *const *const i64);
+            if b.is_null() {
+                return None;
+            }
+            b
+        };
+        let stride_at = if n <= INLINE { INLINE } else { n };
+        Some((
+            std::slice::from_raw_parts(base, n),
+            std::slice::from_raw_parts(base.add(stride_at), n),
+        ))
+    }
+}

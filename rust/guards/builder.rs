@@ -348,6 +348,7 @@ impl GuardBuilder {
             });
         }
         let leaf = ShapeLeaf {
+            prog: super::symexpr::Program::compile(&parsed),
             expr: parsed,
             bindings,
         };

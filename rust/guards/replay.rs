@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use super::access::Access;
 use super::consts::Const;
 use super::leaves::{Leaf, LeafKind};
+use super::shape_leaf::{ShapeLeaf, SymRead};
 use super::tree::Node;
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
@@ -111,7 +112,8 @@ pub(crate) fn replayable(nodes: &[Node], leaves: &[Leaf]) -> bool {
         .all(|n| !matches!(n.access, Access::TensorSize(_) | Access::TensorStride(_)));
     let leaf_ok = leaves.iter().all(|l| match &l.kind {
         LeafKind::Equals(c) => matches!(c, Const::None | Const::Bool(_) | Const::Int(_)),
-        LeafKind::Aliasing(_) | LeafKind::Shape(_) => false,
+        LeafKind::Aliasing(_) => false,
+        LeafKind::Shape(s) => s.bindings.iter().all(|b| b.read != SymRead::StorageOffset),
         LeafKind::GlobalState(s) => s.check_raw().is_some(),
         _ => l.node.is_some(),
     });
@@ -147,6 +149,7 @@ pub(crate) fn replay<'py>(
     for leaf in leaves {
         let ok = match (leaf.node, &leaf.kind) {
             (None, LeafKind::GlobalState(s)) => s.check_raw(),
+            (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
             (Some(n), kind) => check_leaf(py, kind, memo[n]),
             _ => None,
         };
@@ -222,6 +225,42 @@ fn read_child(node: &Node, parent: Val) -> Option<Val> {
         _ => return None,
     };
     Some(v.addr())
+}
+
+/// A symbolic-shape leaf over the replayed values: each tensor's sizes and strides are read
+/// once (up to `TENSORS` tensors, then per symbol); None when a symbol cannot be read raw.
+fn check_shape(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<bool> {
+    const TENSORS: usize = 8;
+    let mut nodes = [usize::MAX; TENSORS];
+    let mut dims = [[0i64; 16]; TENSORS];
+    let mut ndims = [0usize; TENSORS];
+    let mut used = 0;
+    let mut undecided = false;
+    let ok = s.check(|b| {
+        let v = (|| {
+            let h = as_obj(memo[b.node])?;
+            let (d, stride) = match b.read {
+                SymRead::Size(d) => (d, false),
+                SymRead::Stride(d) => (d, true),
+                _ => return b.read.read_raw(&h.bound(py)),
+            };
+            let k = match nodes[..used].iter().position(|&n| n == b.node) {
+                Some(k) => k,
+                None if used < TENSORS => {
+                    ndims[used] = crate::tensor::dims_into(&h.bound(py), &mut dims[used])?;
+                    nodes[used] = b.node;
+                    used += 1;
+                    used - 1
+                }
+                None => return b.read.read_raw(&h.bound(py)),
+            };
+            let j = crate::tensor::dim_index(d, ndims[k])?;
+            Some(dims[k][if stride { 8 + j } else { j }])
+        })();
+        undecided |= v.is_none();
+        v
+    });
+    (!undecided).then_some(ok)
 }
 
 fn check_leaf(py: Python<'_>, kind: &LeafKind, v: Val) -> Option<bool> {
