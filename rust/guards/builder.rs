@@ -416,6 +416,7 @@ impl GuardBuilder {
         let replayable = super::replay::replayable(&nodes, &leaves);
         Ok(GuardTree {
             replayable,
+            replay_misses: Default::default(),
             slot_of,
             disc,
             exports: std::mem::take(&mut self.exports),

@@ -1,6 +1,8 @@
 //! The immutable guard tree and its evaluation. Leaves are stored in evaluation order (cheap
 //! classes first, shallow nodes first, then insertion order); node values are computed on first
 //! use during one check and shared by every leaf on that node.
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -61,6 +63,8 @@ pub struct GuardTree {
     pub(crate) slot_of: Vec<Option<usize>>,
     /// Whether every accessor and leaf can be replayed from raw reads (`replay`).
     pub(crate) replayable: bool,
+    /// Replays in a row that could not decide (see `GuardTree::replay`).
+    pub(crate) replay_misses: AtomicU32,
 }
 
 /// `GuardTree::slot_of` for these nodes.
@@ -108,9 +112,17 @@ impl GuardTree {
         if !self.replayable {
             return None;
         }
+        // A tree whose replays keep missing (an accessor on a changing object) tries again only
+        // every 32nd check.
+        let misses = self.replay_misses.load(Ordering::Relaxed);
+        if misses >= 8 && !misses.is_multiple_of(32) {
+            self.replay_misses
+                .store(misses.wrapping_add(1), Ordering::Relaxed);
+            return None;
+        }
         let g = self.globals.as_ref().map(|g| g.bind(py).as_any());
         let b = self.builtins.as_ref().map(|b| b.bind(py).as_any());
-        replay::replay(
+        let r = replay::replay(
             py,
             &self.nodes,
             &self.leaves,
@@ -118,7 +130,16 @@ impl GuardTree {
             input,
             (g, b),
             out,
-        )
+        );
+        let next = if r.is_some() {
+            0
+        } else {
+            misses.wrapping_add(1)
+        };
+        if next != misses {
+            self.replay_misses.store(next, Ordering::Relaxed);
+        }
+        r
     }
 
     /// `Some(errored)` when the discriminator leaf fails on `input` (so the tree would fail):
