@@ -4,7 +4,10 @@ the equivalent checks, on the same f_locals dict. Owns only this comparison (gro
 Cases: functions of 1, 4, 16 and 64 tensor arguments (tensor_match per tensor + global state),
 and an 8-layer MLP nn.Module whose parameters are guarded (type of self, parameters reached via
 `dict_of(self) -> item('_modules') -> ...` / `item('_parameters') -> item(name)` with
-tensor_match). A derived row gives the per-tensor-leaf cost (slope between 16 and 64 args).
+tensor_match), both as that hand-built tree and as the tree of ferrodyn's own compiled entry
+(65 leaves on 99 accessors). A derived row gives the per-tensor-leaf cost (slope between 16 and
+64 args). Trees like these are decided by the replay path (`rust/guards/replay.rs`) once they
+have seen the module: dict lookups proven current by dict/type version tags.
 """
 
 from __future__ import annotations
@@ -86,11 +89,29 @@ def _mlp_case():
     return gm, tree, f_locals, (m, x)
 
 
+def _mlp_entry_case():
+    """The same MLP, with the guard tree of ferrodyn's own compiled entry (what a cache hit runs:
+    hook and hook-dict lengths, types' `forward`, globals, parameters as exported inputs)."""
+    import ferrodyn
+
+    gm, _, f_locals, slots = _mlp_case()
+    m, x = slots
+    ferrodyn.reset()
+    opt = ferrodyn.compile(m, backend="eager")
+    opt(x)
+    opt(x)  # a hit: the tree has now seen the module
+    (entry,) = _C.cache_entries(MLP.forward.__code__)
+    tree = entry.guards
+    assert tree.check(f_locals, MLP.forward.__globals__) and tree.check(slots, MLP.forward.__globals__)
+    return gm, tree, f_locals, slots
+
+
 def run(rounds: int = 200) -> list[dict]:
     rows = []
     per = {}
     cases = [(f"{n} tensor args", lambda n=n: _tensor_case(n)) for n in (1, 4, 16, 64)]
     cases.append(("8-layer MLP module (16 params)", _mlp_case))
+    cases.append(("8-layer MLP module, compiled entry's own tree", _mlp_entry_case))
     ref = "torch guard_manager.check"
     for name, make in cases:
         gm, tree, f_locals, slots = make()

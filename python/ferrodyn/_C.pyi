@@ -287,6 +287,9 @@ class GuardBuilder:
     def build(self) -> GuardTree:
         """Finish; the builder cannot be used afterwards."""
 
+def _dict_version(d: dict[Any, Any]) -> int | None:
+    """A dict's version tag as the guard replay path reads it (None on 3.13); for tests."""
+
 class GuardTree:
     """An immutable tree of accessors and leaves."""
 
@@ -310,6 +313,18 @@ class GuardTree:
         e.g. "L['x'].size()[0] == 4 (got 5)" or "type(L['y']) is int"."""
     def leaves(self) -> list[str]:
         """Every leaf's expression, in evaluation order."""
+    @property
+    def replayable(self) -> bool:
+        """Whether every accessor and leaf can be decided from raw reads (the replay path:
+        remembered dict lookups proven current by dict/type version tags)."""
+    def _replay(self, f_locals: Mapping[str, Any] | Sequence[Any], f_globals: dict[str, Any] | None = None,
+                f_builtins: dict[str, Any] | None = None,
+                closure: tuple[CellType, ...] | None = None) -> bool | None:
+        """What the replay path alone decides (None: it cannot); for tests."""
+    def _full_check(self, f_locals: Mapping[str, Any] | Sequence[Any], f_globals: dict[str, Any] | None = None,
+                    f_builtins: dict[str, Any] | None = None,
+                    closure: tuple[CellType, ...] | None = None) -> bool:
+        """The full path's outcome alone (it refreshes the replay's memory); for tests."""
     def __len__(self) -> int:
         """Number of leaves."""
 

@@ -287,3 +287,168 @@ pub fn view_meta_bytes(
     // is a DifferentiableViewMeta, which has more than VIEW_SCAN bytes.
     unsafe { Some(std::slice::from_raw_parts(p as *const u8, n).to_vec()) }
 }
+
+/// What a tensor leaf expects of a plain tensor, arranged for [`check_expect`]: the fewest
+/// loads on the common path. Built from a verified layout whose dtype, device and policy
+/// bitfields are contiguous (`TensorImpl`: `data_type_` u16, `device_opt_` 3 bytes, then the
+/// 3 bitfield bytes: one 8-byte word, ending where `key_set_` starts).
+#[derive(Clone, Debug)]
+pub struct Expect {
+    /// The exact `THPVariable` type the leaf was built for.
+    type_ptr: usize,
+    word: u64,
+    word_mask: u64,
+    keys: u64,
+    ndim: usize,
+    /// Sizes then strides (inline storage holds up to 5 dims: `SizesAndStrides`).
+    dims: [i64; 10],
+    /// -1 where the dimension is compared, 0 where it is dynamic / unchecked.
+    masks: [i64; 10],
+    requires_grad: bool,
+}
+
+/// Inline dimensions of `c10::impl::SizesAndStrides` (C10_SIZES_AND_STRIDES_MAX_INLINE_SIZE).
+const INLINE: usize = 5;
+
+impl Expect {
+    /// None when the layout does not allow the packed compare, the example is not a plain
+    /// tensor read directly (with the dispatch keys `keys` the Python API reports), or it has
+    /// more than 5 dimensions.
+    pub fn new(
+        example: &Bound<'_, PyAny>,
+        sizes: &[Option<i64>],
+        strides: &[Option<i64>],
+        requires_grad: bool,
+        keys: u64,
+        non_plain_keys: u64,
+    ) -> Option<Expect> {
+        let l = layout()?;
+        if l.device != l.dtype + 2
+            || l.flags != l.dtype + 5
+            || l.flags_len != 3
+            || l.keys != l.dtype + 8
+        {
+            return None;
+        }
+        let r = read_tensor(example)?;
+        if r.policy != 0 || r.keys != keys || keys & non_plain_keys != 0 || r.sizes.len() > INLINE {
+            return None;
+        }
+        let n = r.sizes.len();
+        let (mut dims, mut masks) = ([0i64; 10], [0i64; 10]);
+        for i in 0..n {
+            if let Some(s) = sizes[i] {
+                dims[i] = s;
+                masks[i] = -1;
+            }
+            if let Some(s) = strides[i] {
+                dims[INLINE + i] = s;
+                masks[INLINE + i] = -1;
+            }
+        }
+        let word = r.dtype as u64
+            | (r.device[0] as u64) << 16
+            | (r.device[1] as u64) << 24
+            | (r.device[2] as u64) << 32;
+        Some(Expect {
+            type_ptr: example.get_type_ptr() as usize,
+            word,
+            word_mask: 0xFF_FFFF_FFFF | (l.policy_mask as u64) << 40,
+            keys: r.keys,
+            ndim: n,
+            dims,
+            masks,
+            requires_grad,
+        })
+    }
+}
+
+/// The tensor leaf on `obj` from raw fields: Some(false) on a mismatch, Some(true) on a match,
+/// None when only the Python API can decide (out-of-line sizes, a view's autograd metadata).
+#[inline]
+pub fn check_expect(obj: &Bound<'_, PyAny>, e: &Expect) -> Option<bool> {
+    let o = obj.as_ptr();
+    // SAFETY: reading a live object's type pointer.
+    if unsafe { ffi::Py_TYPE(o) } as usize != e.type_ptr {
+        return Some(false);
+    }
+    let l = layout()?;
+    // SAFETY: `o` has the exact type of the example, a THPVariable type read with this verified
+    // layout when the Expect was built (`Expect::new`); the offsets below lie inside its
+    // TensorImpl: the packed word at `dtype` ends where `key_set_` starts, `key_set_` is 8 bytes,
+    // and for a tensor whose (equal) key set marks plain storage the inline sizes/strides hold
+    // `size_` <= 5 entries each.
+    unsafe {
+        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
+        if imp.is_null() {
+            return None;
+        }
+        let word = (imp.add(l.dtype) as *const u64).read_unaligned();
+        let keys = *(imp.add(l.keys) as *const u64);
+        if (word & e.word_mask) != e.word || keys != e.keys {
+            return Some(false);
+        }
+        let sas = imp.add(l.sizes_strides);
+        if *(sas as *const usize) != e.ndim {
+            return Some(false);
+        }
+        let base = sas.add(8) as *const i64;
+        let mut diff = 0i64;
+        for i in 0..e.ndim {
+            diff |= (*base.add(i) ^ e.dims[i]) & e.masks[i];
+            diff |= (*base.add(INLINE + i) ^ e.dims[INLINE + i]) & e.masks[INLINE + i];
+        }
+        if diff != 0 {
+            return Some(false);
+        }
+        impl_requires_grad(imp, l, true).map(|rg| rg == e.requires_grad)
+    }
+}
+
+/// Sizes and strides of a plain tensor read directly, without its autograd metadata (for
+/// symbolic-shape leaves): None unless the layout is verified and `obj` is a tensor whose
+/// sizes are stored the plain way (no custom policy, no `non_plain_keys`).
+#[inline]
+pub fn read_dims<'a>(
+    obj: &'a Bound<'_, PyAny>,
+    non_plain_keys: u64,
+) -> Option<(&'a [i64], &'a [i64])> {
+    let l = layout()?;
+    let o = obj.as_ptr();
+    if !is_tensor_fast(o, l) {
+        return None;
+    }
+    // SAFETY: as in `read_tensor_with`: `o` is a THPVariable, the offsets are verified and lie
+    // inside its TensorImpl (or the out-of-line sizes array it owns).
+    unsafe {
+        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
+        if imp.is_null() {
+            return None;
+        }
+        let policy =
+            u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
+        let keys = *(imp.add(l.keys) as *const u64);
+        if policy != 0 || keys & non_plain_keys != 0 {
+            return None;
+        }
+        let sas = imp.add(l.sizes_strides);
+        let n = *(sas as *const usize);
+        if n > 64 {
+            return None;
+        }
+        let base = if n <= INLINE {
+            sas.add(8) as *const i64
+        } else {
+            let b = *(sas.add(8) as *const *const i64);
+            if b.is_null() {
+                return None;
+            }
+            b
+        };
+        let stride_at = if n <= INLINE { INLINE } else { n };
+        Some((
+            std::slice::from_raw_parts(base, n),
+            std::slice::from_raw_parts(base.add(stride_at), n),
+        ))
+    }
+}

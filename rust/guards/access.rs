@@ -49,6 +49,13 @@ impl DictHint {
         DictHint(AtomicUsize::new(NO_HINT - 1))
     }
 
+    /// The remembered entry position, if any.
+    #[inline]
+    pub(crate) fn position(&self) -> Option<usize> {
+        let h = self.0.load(Ordering::Relaxed);
+        (h < NO_HINT - 1).then_some(h)
+    }
+
     /// `d[key]`, trying the remembered position first.
     #[inline]
     fn get<'py>(

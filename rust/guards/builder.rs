@@ -91,11 +91,7 @@ impl GuardBuilder {
                 let psrc = p.map(|i| self.nodes[i].source.clone()).unwrap_or_default();
                 let source = key.source(&psrc, key_repr);
                 let i = self.nodes.len();
-                self.nodes.push(Node {
-                    access,
-                    parent: p,
-                    source,
-                });
+                self.nodes.push(Node::new(access, p, source));
                 self.depth.push(p.map(|i| self.depth[i] + 1).unwrap_or(0));
                 self.keys.insert((p, key), i);
                 i
@@ -363,6 +359,7 @@ impl GuardBuilder {
             });
         }
         let leaf = ShapeLeaf {
+            prog: super::symexpr::Program::compile(&parsed),
             expr: parsed,
             bindings,
         };
@@ -427,7 +424,10 @@ impl GuardBuilder {
         let nodes = std::mem::take(&mut self.nodes);
         let disc = super::tree::discriminator(&nodes, &leaves);
         let slot_of = super::tree::slots_of(&nodes);
+        let replayable = super::replay::replayable(&nodes, &leaves);
         Ok(GuardTree {
+            replayable,
+            replay_misses: Default::default(),
             slot_of,
             disc,
             exports: std::mem::take(&mut self.exports),

@@ -276,16 +276,25 @@ impl Snapshot {
         })
     }
 
+    /// The check from torch's state read directly; None when that path is off.
     #[inline]
-    pub fn check(&self, py: Python<'_>) -> bool {
-        if let Some(sf) = &self.fast {
-            return sf.grad_enabled() == self.grad
+    pub fn check_raw(&self) -> Option<bool> {
+        let sf = self.fast.as_ref()?;
+        Some(
+            sf.grad_enabled() == self.grad
                 && sf.default_dtype() == self.default_dtype_raw
                 && sf.deterministic() == self.deterministic
                 && self.autocast.iter().all(|a| {
                     sf.autocast_enabled(a.code) == a.enabled
                         && sf.autocast_dtype(a.code) == a.dtype_raw
-                });
+                }),
+        )
+    }
+
+    #[inline]
+    pub fn check(&self, py: Python<'_>) -> bool {
+        if let Some(ok) = self.check_raw() {
+            return ok;
         }
         self.first_difference(py)
             .map(|d| d.is_none())

@@ -20,6 +20,7 @@ mod builder;
 mod consts;
 pub mod global_state;
 mod leaves;
+mod replay;
 mod shape_leaf;
 pub mod symexpr;
 mod tree;
@@ -47,7 +48,14 @@ fn _global_state_fast_path(py: Python<'_>) -> PyResult<bool> {
     global_state::fast_path(py)
 }
 
+/// A dict's version tag as the replay path reads it (None where it reads none), for tests.
+#[pyfunction]
+fn _dict_version(d: &Bound<'_, PyDict>) -> Option<u64> {
+    crate::ffi::guard_reads::dict_version_of(d.as_any())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_dict_version, m)?)?;
     m.add_class::<GuardTree>()?;
     m.add_class::<GuardBuilder>()?;
     m.add_class::<GuardNode>()?;

@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 
-use super::symexpr::{Expr, NAry};
+use super::symexpr::{Expr, NAry, Program};
 
 /// What a symbol's value is read from, on its node's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +40,18 @@ impl SymRead {
         }
     }
 
+    /// [`SymRead::read`] from raw reads alone (no Python call, no allocation): None when only
+    /// the Python API can answer (the replay path then defers to the full path).
+    #[inline]
+    pub(crate) fn read_raw(self, v: &Bound<'_, PyAny>) -> Option<i64> {
+        match self {
+            SymRead::Size(d) => crate::tensor::size_or_stride_raw(v, d, false),
+            SymRead::Stride(d) => crate::tensor::size_or_stride_raw(v, d, true),
+            SymRead::StorageOffset => None,
+            SymRead::Int => crate::ffi::guard_reads::held(v).exact_int(),
+        }
+    }
+
     /// The symbol's source text given its node's source.
     pub(crate) fn name(self, source: &str) -> String {
         match self {
@@ -59,6 +71,8 @@ pub(crate) struct Binding {
 
 pub(crate) struct ShapeLeaf {
     pub expr: Expr,
+    /// `expr` compiled for the hot path (same outcome as `expr.holds`).
+    pub prog: Program,
     pub bindings: Vec<Binding>,
 }
 
@@ -101,7 +115,7 @@ impl ShapeLeaf {
                     None => return false,
                 }
             }
-            return self.expr.holds(&buf[..n]);
+            return self.prog.holds(&buf[..n]);
         }
         let mut vals = Vec::with_capacity(n);
         for b in &self.bindings {
@@ -110,7 +124,7 @@ impl ShapeLeaf {
                 None => return false,
             }
         }
-        self.expr.holds(&vals)
+        self.prog.holds(&vals)
     }
 
     /// Why the guard fails, given the symbols' values (None: could not be read).

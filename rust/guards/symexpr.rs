@@ -379,9 +379,164 @@ fn parse_at(t: &[&str], pos: &mut usize, depth: usize) -> Result<Expr, String> {
     }
 }
 
+/// An expression compiled for guard time: its top-level conjuncts, each as flat postfix code
+/// over a small stack (no recursion, no `Option` per node), or kept as a tree where it has
+/// nested `and`/`or` (their short-circuit decides whether a failing operand is evaluated) or
+/// needs a deeper stack. Evaluates exactly as [`Expr::holds`].
+#[derive(Clone, Debug)]
+pub struct Program {
+    conjuncts: Vec<Conjunct>,
+}
+
+#[derive(Clone, Debug)]
+enum Conjunct {
+    Flat(Vec<Op>),
+    Tree(Expr),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Int(i64),
+    Sym(usize),
+    /// Add/Mul/Min/Max over the top `n` (>= 1) values.
+    NAry(NAry, usize),
+    Bin(Bin),
+    Cmp(Cmp),
+    Not,
+    Neg,
+}
+
+const PROGRAM_STACK: usize = 16;
+
+impl Program {
+    pub fn compile(e: &Expr) -> Program {
+        let parts: Vec<&Expr> = match e {
+            Expr::NAry(NAry::And, xs) if !xs.is_empty() => xs.iter().collect(),
+            e => vec![e],
+        };
+        let conjuncts = parts
+            .into_iter()
+            .map(|x| {
+                let mut ops = Vec::new();
+                let mut depth = 0;
+                let mut max = 0;
+                if flatten(x, &mut ops, &mut depth, &mut max) && max <= PROGRAM_STACK {
+                    Conjunct::Flat(ops)
+                } else {
+                    Conjunct::Tree(x.clone())
+                }
+            })
+            .collect();
+        Program { conjuncts }
+    }
+
+    /// Whether every conjunct holds (same outcome as `Expr::holds` of the whole expression).
+    #[inline]
+    pub fn holds(&self, syms: &[i64]) -> bool {
+        self.conjuncts.iter().all(|c| match c {
+            Conjunct::Flat(ops) => matches!(run(ops, syms), Some(v) if v != 0),
+            Conjunct::Tree(e) => e.holds(syms),
+        })
+    }
+}
+
+/// Postfix code for `e` (false where it must stay a tree); tracks the stack depth.
+fn flatten(e: &Expr, ops: &mut Vec<Op>, depth: &mut usize, max: &mut usize) -> bool {
+    let (op, pops) = match e {
+        Expr::Int(v) => (Op::Int(*v), 0),
+        Expr::Sym(k) => (Op::Sym(*k), 0),
+        Expr::NAry(NAry::And | NAry::Or, _) => return false,
+        Expr::NAry(op, xs) => {
+            if xs.is_empty() || !xs.iter().all(|x| flatten(x, ops, depth, max)) {
+                return false;
+            }
+            (Op::NAry(*op, xs.len()), xs.len())
+        }
+        Expr::Bin(op, a, b) => {
+            if !flatten(a, ops, depth, max) || !flatten(b, ops, depth, max) {
+                return false;
+            }
+            (Op::Bin(*op), 2)
+        }
+        Expr::Cmp(op, a, b) => {
+            if !flatten(a, ops, depth, max) || !flatten(b, ops, depth, max) {
+                return false;
+            }
+            (Op::Cmp(*op), 2)
+        }
+        Expr::Not(a) => {
+            if !flatten(a, ops, depth, max) {
+                return false;
+            }
+            (Op::Not, 1)
+        }
+        Expr::Neg(a) => {
+            if !flatten(a, ops, depth, max) {
+                return false;
+            }
+            (Op::Neg, 1)
+        }
+    };
+    *depth = *depth + 1 - pops;
+    *max = (*max).max(*depth);
+    ops.push(op);
+    true
+}
+
+/// Run flat code (its depth was checked at compile time).
+#[inline]
+fn run(ops: &[Op], syms: &[i64]) -> Option<i64> {
+    let mut st = [0i64; PROGRAM_STACK];
+    let mut sp = 0usize;
+    for op in ops {
+        match *op {
+            Op::Int(v) => {
+                st[sp] = v;
+                sp += 1;
+            }
+            Op::Sym(k) => {
+                st[sp] = *syms.get(k)?;
+                sp += 1;
+            }
+            Op::NAry(op, n) => {
+                let base = sp - n;
+                let mut acc = st[base];
+                for &v in &st[base + 1..sp] {
+                    acc = match op {
+                        NAry::Add => acc.checked_add(v)?,
+                        NAry::Mul => acc.checked_mul(v)?,
+                        NAry::Min => acc.min(v),
+                        NAry::Max => acc.max(v),
+                        NAry::And | NAry::Or => return None, // never compiled flat
+                    };
+                }
+                st[base] = acc;
+                sp = base + 1;
+            }
+            Op::Bin(op) => {
+                let (a, b) = (st[sp - 2], st[sp - 1]);
+                sp -= 1;
+                st[sp - 1] = match op {
+                    Bin::FloorDiv => floor_div(a, b)?,
+                    Bin::Mod => floor_mod(a, b)?,
+                    Bin::Pow => a.checked_pow(u32::try_from(b).ok()?)?,
+                };
+            }
+            Op::Cmp(c) => {
+                let (a, b) = (st[sp - 2], st[sp - 1]);
+                sp -= 1;
+                st[sp - 1] = c.holds(a, b) as i64;
+            }
+            Op::Not => st[sp - 1] = (st[sp - 1] == 0) as i64,
+            Op::Neg => st[sp - 1] = st[sp - 1].checked_neg()?,
+        }
+    }
+    (sp == 1).then_some(st[0])
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Expr;
+    use super::{Expr, Program};
 
     fn ev(text: &str, syms: &[i64]) -> Option<i64> {
         Expr::parse(text).unwrap().eval(syms)
@@ -464,5 +619,35 @@ mod tests {
     fn symbols() {
         let e = Expr::parse("eq mul:2 s0 s2 s0").unwrap();
         assert_eq!(e.symbols().into_iter().collect::<Vec<_>>(), vec![0, 2]);
+    }
+
+    #[test]
+    fn programs_evaluate_as_trees() {
+        let texts = [
+            "and:3 le 2 s0 eq s1 mul:2 s0 s2 eq mod s1 8 0",
+            "or:2 eq s0 0 gt floordiv s1 s0 1",
+            "and:2 or:2 eq s0 0 gt floordiv s1 s0 1 ne s2 3",
+            "not lt neg s0 max:3 s1 s2 -4",
+            "eq pow s0 s1 s2",
+            "eq add:3 s0 s1 9223372036854775807 0",
+            "ge min:2 s0 s1 floordiv s2 -3",
+            "true",
+        ];
+        let mut seed = 12345u64;
+        for t in texts {
+            let e = Expr::parse(t).unwrap();
+            let p = Program::compile(&e);
+            for _ in 0..400 {
+                let syms: Vec<i64> = (0..3)
+                    .map(|_| {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        ((seed >> 33) % 21) as i64 - 10
+                    })
+                    .collect();
+                assert_eq!(p.holds(&syms), e.holds(&syms), "{t} on {syms:?}");
+            }
+        }
     }
 }

@@ -1,11 +1,14 @@
 //! The immutable guard tree and its evaluation. Leaves are stored in evaluation order (cheap
 //! classes first, shallow nodes first, then insertion order); node values are computed on first
 //! use during one check and shared by every leaf on that node.
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::access::{Access, Defaults};
 use super::leaves::{Leaf, LeafKind};
+use super::replay::{self, NodeCache, Stamp};
 use super::shape_leaf::ShapeLeaf;
 use super::{GuardInput, Locals};
 use crate::ffi::slots::Slots;
@@ -14,6 +17,31 @@ pub(crate) struct Node {
     pub access: Access,
     pub parent: Option<usize>,
     pub source: String,
+    /// What the accessor found last time (the replay path's memory, see `replay`).
+    pub cache: NodeCache,
+    /// `.__globals__` (read directly from exact functions when replaying).
+    pub globals_attr: bool,
+}
+
+impl Node {
+    pub(crate) fn new(access: Access, parent: Option<usize>, source: String) -> Node {
+        let globals_attr = match &access {
+            Access::Attr(name) => Python::attach(|py| {
+                name.bind(py)
+                    .to_str()
+                    .map(|s| s == "__globals__")
+                    .unwrap_or(false)
+            }),
+            _ => false,
+        };
+        Node {
+            access,
+            parent,
+            source,
+            cache: NodeCache::default(),
+            globals_attr,
+        }
+    }
 }
 
 #[pyclass(module = "ferrodyn._C", name = "GuardTree", frozen)]
@@ -33,6 +61,10 @@ pub struct GuardTree {
     /// Per node: the argument slot of a root `L[i]` node, which leaves read straight from the
     /// frame's slots (borrowed, no memo) when the input has slots.
     pub(crate) slot_of: Vec<Option<usize>>,
+    /// Whether every accessor and leaf can be replayed from raw reads (`replay`).
+    pub(crate) replayable: bool,
+    /// Replays in a row that could not decide (see `GuardTree::replay`).
+    pub(crate) replay_misses: AtomicU32,
 }
 
 /// `GuardTree::slot_of` for these nodes.
@@ -63,7 +95,51 @@ type Val<'py> = Option<Option<Bound<'py, PyAny>>>;
 impl GuardTree {
     /// The hot-path check: true if every guard passes. Never raises (errors count as failure).
     pub fn check_input(&self, py: Python<'_>, input: &GuardInput<'_, '_>) -> bool {
+        if let Some(ok) = self.replay(py, input, None) {
+            return ok;
+        }
         self.first_failure(py, input).is_none()
+    }
+
+    /// The replay path (see `replay`): None when it cannot decide.
+    #[inline]
+    fn replay<'py>(
+        &self,
+        py: Python<'py>,
+        input: &GuardInput<'_, 'py>,
+        out: Option<&mut Vec<Bound<'py, PyAny>>>,
+    ) -> Option<bool> {
+        if !self.replayable {
+            return None;
+        }
+        // A tree whose replays keep missing (an accessor on a changing object) tries again only
+        // every 32nd check.
+        let misses = self.replay_misses.load(Ordering::Relaxed);
+        if misses >= 8 && !misses.is_multiple_of(32) {
+            self.replay_misses
+                .store(misses.wrapping_add(1), Ordering::Relaxed);
+            return None;
+        }
+        let g = self.globals.as_ref().map(|g| g.bind(py).as_any());
+        let b = self.builtins.as_ref().map(|b| b.bind(py).as_any());
+        let r = replay::replay(
+            py,
+            &self.nodes,
+            &self.leaves,
+            &self.exports,
+            input,
+            (g, b),
+            out,
+        );
+        let next = if r.is_some() {
+            0
+        } else {
+            misses.wrapping_add(1)
+        };
+        if next != misses {
+            self.replay_misses.store(next, Ordering::Relaxed);
+        }
+        r
     }
 
     /// `Some(errored)` when the discriminator leaf fails on `input` (so the tree would fail):
@@ -100,6 +176,9 @@ impl GuardTree {
         input: &GuardInput<'_, 'py>,
         out: &mut Vec<Bound<'py, PyAny>>,
     ) -> bool {
+        if let Some(ok) = self.replay(py, input, Some(out)) {
+            return ok;
+        }
         const STACK: usize = 24;
         let mut heap;
         let mut stack: [Val<'py>; STACK];
@@ -237,11 +316,35 @@ impl GuardTree {
         }
         let node = &self.nodes[n];
         let v = match node.parent {
-            None => node.access.read_root(py, input, defaults),
+            None => {
+                // Globals and builtins lookups are remembered for the replay path.
+                let dict = match &node.access {
+                    Access::Global(_) => input.globals.or(defaults.globals),
+                    Access::Builtin(_) => input.builtins.or(defaults.builtins),
+                    _ => None,
+                };
+                let stamp = dict.and_then(|d| Stamp::before(node, d.as_any()));
+                let v = node.access.read_root(py, input, defaults);
+                if let (Some(st), Some(d), Some(v)) = (stamp, dict, &v) {
+                    st.fill(node, d.as_any(), v);
+                }
+                v
+            }
             Some(p) => {
                 self.ensure(py, input, defaults, memo, p);
                 match &memo[p] {
-                    Some(Some(pv)) => node.access.read_child(pv),
+                    Some(Some(pv)) => {
+                        let stamp = if self.replayable {
+                            Stamp::before(node, pv)
+                        } else {
+                            None
+                        };
+                        let v = node.access.read_child(pv);
+                        if let (Some(st), Some(v)) = (stamp, &v) {
+                            st.fill(node, pv, v);
+                        }
+                        v
+                    }
                     _ => None,
                 }
             }
@@ -382,6 +485,42 @@ impl GuardTree {
         with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(
             self.explain_input(py, &input)
         ))
+    }
+
+    /// What the replay path alone decides on this input (None: it cannot), for tests.
+    #[pyo3(signature = (f_locals, f_globals=None, f_builtins=None, closure=None))]
+    fn _replay(
+        &self,
+        py: Python<'_>,
+        f_locals: &Bound<'_, PyAny>,
+        f_globals: Option<Bound<'_, PyDict>>,
+        f_builtins: Option<Bound<'_, PyDict>>,
+        closure: Option<Bound<'_, PyTuple>>,
+    ) -> PyResult<Option<bool>> {
+        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(
+            self.replay(py, &input, None)
+        ))
+    }
+
+    /// The full path's outcome alone (it also refreshes the replay caches), for tests.
+    #[pyo3(signature = (f_locals, f_globals=None, f_builtins=None, closure=None))]
+    fn _full_check(
+        &self,
+        py: Python<'_>,
+        f_locals: &Bound<'_, PyAny>,
+        f_globals: Option<Bound<'_, PyDict>>,
+        f_builtins: Option<Bound<'_, PyDict>>,
+        closure: Option<Bound<'_, PyTuple>>,
+    ) -> PyResult<bool> {
+        with_input!(f_locals, f_globals, f_builtins, closure, |input| Ok(self
+            .first_failure(py, &input)
+            .is_none()))
+    }
+
+    /// Whether every accessor and leaf of this tree can be replayed from raw reads.
+    #[getter]
+    fn replayable(&self) -> bool {
+        self.replayable
     }
 
     fn leaves(&self) -> Vec<String> {

@@ -92,9 +92,43 @@ fn norm_dim(d: i64, n: usize) -> Option<usize> {
     (0..n).contains(&j).then_some(j as usize)
 }
 
+/// Sizes (at 0..n) and strides (at 8..8+n) of a plain tensor of up to 8 dims copied into
+/// `out`, read directly (no autograd metadata, no Python call); its n, or None.
+#[inline]
+pub(crate) fn dims_into(v: &Bound<'_, PyAny>, out: &mut [i64; 16]) -> Option<usize> {
+    let t = torch(v.py()).ok()?;
+    let (sizes, strides) = raw::read_dims(v, t.cal.non_plain_keys)?;
+    let n = sizes.len();
+    if n > 8 {
+        return None;
+    }
+    out[..n].copy_from_slice(sizes);
+    out[8..8 + n].copy_from_slice(strides);
+    Some(n)
+}
+
+/// `dim` (negative from the end) as an index into `n` dimensions.
+#[inline]
+pub(crate) fn dim_index(dim: i64, n: usize) -> Option<usize> {
+    norm_dim(dim, n)
+}
+
+/// `v.size()[dim]` (or `v.stride()[dim]`) read directly from a plain tensor, without its
+/// autograd metadata or any Python call; None when only the Python API can answer.
+#[inline]
+pub(crate) fn size_or_stride_raw(v: &Bound<'_, PyAny>, dim: i64, stride: bool) -> Option<i64> {
+    let t = torch(v.py()).ok()?;
+    let (sizes, strides) = raw::read_dims(v, t.cal.non_plain_keys)?;
+    let xs = if stride { strides } else { sizes };
+    norm_dim(dim, xs.len()).map(|j| xs[j])
+}
+
 /// `v.size()[dim]` (or `v.stride()[dim]`) as an i64: read directly for plain tensors, through
 /// the Python API for other tensors, None for non-tensors, symbolic values or a bad dim.
 pub(crate) fn size_or_stride(v: &Bound<'_, PyAny>, dim: i64, stride: bool) -> Option<i64> {
+    if let Some(x) = size_or_stride_raw(v, dim, stride) {
+        return Some(x);
+    }
     let t = torch(v.py()).ok()?;
     if let Some(r) = plain_read(v, t.cal.non_plain_keys) {
         let xs = if stride { r.strides } else { r.sizes };

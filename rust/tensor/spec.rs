@@ -6,6 +6,7 @@ use pyo3::types::PyTuple;
 
 use super::{plain_read, torch, Torch};
 use crate::error::{Error, Result};
+use crate::ffi::tensor::{check_expect, Expect};
 use crate::guards::{type_name, IdRef};
 
 /// Dimensions compared from inline arrays (no pointer chase on the hot path); more go through
@@ -33,6 +34,8 @@ struct Hot {
 }
 
 pub struct TensorSpec {
+    /// The packed compare for plain tensors of up to 5 dims (None: `hot` decides).
+    expect: Option<Expect>,
     hot: Hot,
     typ: IdRef,
     type_name: String,
@@ -107,7 +110,27 @@ impl TensorSpec {
         let requires_grad: bool = example.getattr("requires_grad")?.extract()?;
         let keys = tc.keys_py(example)?;
         let (dtype_raw, device_raw) = raw.unwrap_or((0, [0; 3]));
+        let size_opts: Vec<Option<i64>> = sizes
+            .iter()
+            .zip(&dynamic)
+            .map(|(&s, &d)| (!d).then_some(s))
+            .collect();
+        let stride_opts: Vec<Option<i64>> = strides
+            .iter()
+            .zip(&dynamic)
+            .map(|(&s, &d)| (!d && check_strides).then_some(s))
+            .collect();
+        let expect = Expect::new(
+            example,
+            &size_opts,
+            &stride_opts,
+            requires_grad,
+            keys,
+            tc.cal.non_plain_keys,
+        )
+        .filter(|_| raw.is_some());
         Ok(TensorSpec {
+            expect,
             hot: Hot {
                 type_ptr: example.get_type_ptr() as usize,
                 keys,
@@ -128,16 +151,8 @@ impl TensorSpec {
             device: device.unbind(),
             requires_grad,
             keys,
-            sizes: sizes
-                .iter()
-                .zip(&dynamic)
-                .map(|(&s, &d)| (!d).then_some(s))
-                .collect(),
-            strides: strides
-                .iter()
-                .zip(&dynamic)
-                .map(|(&s, &d)| (!d && check_strides).then_some(s))
-                .collect(),
+            sizes: size_opts,
+            strides: stride_opts,
         })
     }
 
@@ -163,9 +178,50 @@ impl TensorSpec {
         })
     }
 
+    /// The check decided from raw reads alone (no Python call, no allocation): None when only
+    /// the Python API can decide (a tensor subclass, a view's autograd metadata, ...).
+    #[inline]
+    pub fn check_raw(&self, v: &Bound<'_, PyAny>) -> Option<bool> {
+        if let Some(e) = &self.expect {
+            if let Some(ok) = check_expect(v, e) {
+                return Some(ok);
+            }
+        }
+        let h = &self.hot;
+        if v.get_type_ptr() as usize != h.type_ptr {
+            return Some(false);
+        }
+        if !h.has_raw {
+            return None;
+        }
+        let r = plain_read(v, h.non_plain_keys)?;
+        if r.keys != h.keys || r.dtype != h.dtype || r.device != h.device || r.sizes.len() != h.ndim
+        {
+            return Some(false);
+        }
+        if h.ndim <= INLINE_DIMS {
+            for i in 0..h.ndim {
+                let [size, stride] = h.dims[i];
+                if ((h.size_mask >> i) & 1 != 0 && r.sizes[i] != size)
+                    || ((h.stride_mask >> i) & 1 != 0 && r.strides[i] != stride)
+                {
+                    return Some(false);
+                }
+            }
+        } else if !dims_match(&self.sizes, r.sizes) || !dims_match(&self.strides, r.strides) {
+            return Some(false);
+        }
+        r.requires_grad.map(|rg| rg == h.requires_grad)
+    }
+
     /// The hot path. Never raises.
     #[inline]
     pub fn check(&self, v: &Bound<'_, PyAny>) -> bool {
+        if let Some(e) = &self.expect {
+            if let Some(ok) = check_expect(v, e) {
+                return ok;
+            }
+        }
         let h = &self.hot;
         if v.get_type_ptr() as usize != h.type_ptr {
             return false;

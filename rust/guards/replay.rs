@@ -1,0 +1,297 @@
+//! The replay path: a whole-tree check from borrowed raw reads, for trees whose accessors and
+//! leaves can all be decided that way (module parameters reached through `__dict__` /
+//! `_modules` / `_parameters` chains, globals, types' methods).
+//!
+//! Each dict lookup an accessor made on the full path is remembered in its node
+//! ([`NodeCache`]: the dict's version tag and the value's address, or a plain type's version
+//! tag for an attribute of the type). Replaying, a node whose parent dict still has that
+//! version *is* the remembered object (versions are unique and change with every mutation, so
+//! the dict is the same, unchanged and holds it), with no hashing, no reference counting and no
+//! Python code. What can change without a dict changing is read afresh every time: instance
+//! `__dict__` pointers, types (`__class__` assignment), lengths, tensor metadata, torch's global
+//! state. Anything the replay cannot decide (a version moved, a subclass tensor, an accessor or
+//! leaf it does not know) returns None and the caller runs the full path, which refreshes the
+//! caches. Every raw read lives in `crate::ffi::guard_reads`.
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use pyo3::prelude::*;
+
+use super::access::Access;
+use super::consts::Const;
+use super::leaves::{Leaf, LeafKind};
+use super::shape_leaf::{ShapeLeaf, SymRead};
+use super::tree::Node;
+use super::{GuardInput, Locals};
+use crate::ffi::guard_reads::{self as raw, Held};
+
+/// What one node's accessor found last time, stamped with what proves it still holds.
+#[derive(Default)]
+pub(crate) struct NodeCache {
+    /// The version of the dict the value was found in (or the type's version tag); 0: nothing.
+    stamp: AtomicU64,
+    /// The value's address.
+    val: AtomicUsize,
+    /// For type attributes: the type's address.
+    owner: AtomicUsize,
+}
+
+impl NodeCache {
+    fn hit(&self, stamp: u64, owner: usize) -> Option<Held> {
+        let s = self.stamp.load(Ordering::Relaxed);
+        if s == 0 || s != stamp || self.owner.load(Ordering::Relaxed) != owner {
+            return None;
+        }
+        Some(raw::held_at(self.val.load(Ordering::Relaxed)))
+    }
+
+    fn store(&self, stamp: u64, owner: usize, val: usize) {
+        // Invalidate first, so a reader never pairs a new stamp with an old value.
+        self.stamp.store(0, Ordering::Relaxed);
+        self.val.store(val, Ordering::Relaxed);
+        self.owner.store(owner, Ordering::Relaxed);
+        self.stamp.store(stamp, Ordering::Relaxed);
+    }
+}
+
+/// A stamp taken before an accessor runs on the full path; [`Stamp::fill`] stores its result
+/// only if nothing moved meanwhile (the lookup may have run Python code).
+pub(crate) struct Stamp {
+    stamp: u64,
+    owner: usize,
+}
+
+impl Stamp {
+    /// Before reading node `node` from `parent` (a dict for items and globals, a type for
+    /// attributes).
+    pub(crate) fn before(node: &Node, parent: &Bound<'_, PyAny>) -> Option<Stamp> {
+        match &node.access {
+            Access::Item { .. } | Access::Global(_) | Access::Builtin(_) => {
+                raw::dict_version_of(parent).map(|stamp| Stamp { stamp, owner: 0 })
+            }
+            Access::Attr(_) => raw::type_version(raw::held(parent)).map(|t| Stamp {
+                stamp: t as u64,
+                owner: parent.as_ptr() as usize,
+            }),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn fill(self, node: &Node, parent: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) {
+        let now = match &node.access {
+            Access::Attr(name) => {
+                if !raw::type_attr_is_mro_entry(parent, name.bind(parent.py()), value) {
+                    return;
+                }
+                raw::type_version(raw::held(parent)).map(|t| t as u64)
+            }
+            _ => raw::dict_version_of(parent),
+        };
+        if now == Some(self.stamp) {
+            node.cache
+                .store(self.stamp, self.owner, value.as_ptr() as usize);
+        }
+    }
+}
+
+/// Node values during one replay: object addresses (even), or small ints tagged `n << 1 | 1`
+/// (lengths).
+type Val = usize;
+
+fn int_val(n: usize) -> Val {
+    (n << 1) | 1
+}
+
+fn as_obj(v: Val) -> Option<Held> {
+    (v & 1 == 0 && v != 0).then(|| raw::held_at(v))
+}
+
+/// Whether a tree with these nodes and leaves can be replayed at all.
+pub(crate) fn replayable(nodes: &[Node], leaves: &[Leaf]) -> bool {
+    let access_ok = nodes
+        .iter()
+        .all(|n| !matches!(n.access, Access::TensorSize(_) | Access::TensorStride(_)));
+    let leaf_ok = leaves.iter().all(|l| match &l.kind {
+        LeafKind::Equals(c) => matches!(c, Const::None | Const::Bool(_) | Const::Int(_)),
+        LeafKind::Aliasing(_) => false,
+        LeafKind::Shape(s) => s.bindings.iter().all(|b| b.read != SymRead::StorageOffset),
+        LeafKind::GlobalState(s) => s.check_raw().is_some(),
+        _ => l.node.is_some(),
+    });
+    access_ok && leaf_ok
+}
+
+/// Replay the check. `Some(pass)` when decided; on a pass the exported nodes' values are
+/// appended to `out`. None: the full path must decide.
+pub(crate) fn replay<'py>(
+    py: Python<'py>,
+    nodes: &[Node],
+    leaves: &[Leaf],
+    exports: &[usize],
+    input: &GuardInput<'_, 'py>,
+    defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
+    out: Option<&mut Vec<Bound<'py, PyAny>>>,
+) -> Option<bool> {
+    const STACK: usize = 128;
+    let mut stack = [0usize; STACK];
+    let mut heap;
+    let memo: &mut [Val] = if nodes.len() <= STACK {
+        &mut stack[..nodes.len()]
+    } else {
+        heap = vec![0usize; nodes.len()];
+        &mut heap[..]
+    };
+    for (i, node) in nodes.iter().enumerate() {
+        memo[i] = match node.parent {
+            None => read_root(node, input, defaults)?.addr(),
+            Some(p) => read_child(node, memo[p])?,
+        };
+    }
+    for leaf in leaves {
+        let ok = match (leaf.node, &leaf.kind) {
+            (None, LeafKind::GlobalState(s)) => s.check_raw(),
+            (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
+            (Some(n), kind) => check_leaf(py, kind, memo[n]),
+            _ => None,
+        };
+        let ok = ok?;
+        if !ok {
+            return Some(false);
+        }
+    }
+    if let Some(out) = out {
+        let start = out.len();
+        for &n in exports {
+            match as_obj(memo[n]) {
+                Some(h) => out.push(h.to_owned(py)),
+                None => {
+                    out.truncate(start);
+                    return None;
+                }
+            }
+        }
+    }
+    Some(true)
+}
+
+fn read_root<'py>(
+    node: &Node,
+    input: &GuardInput<'_, 'py>,
+    defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
+) -> Option<Held> {
+    match &node.access {
+        Access::Local { index, name, hint } => match &input.locals {
+            Locals::Slots(s) => raw::slot(s, *index),
+            Locals::Mapping(m) => {
+                raw::dict_get_at_held(raw::held(m), name.bind(m.py()).as_any(), hint.position()?)
+            }
+        },
+        Access::Global(_) => {
+            let g = input.globals.map(|g| g.as_any()).or(defaults.0)?;
+            let h = raw::held(g);
+            node.cache.hit(raw::dict_version(h)?, 0)
+        }
+        Access::Builtin(_) => {
+            let b = input.builtins.map(|b| b.as_any()).or(defaults.1)?;
+            let h = raw::held(b);
+            node.cache.hit(raw::dict_version(h)?, 0)
+        }
+        Access::Closure(index) => {
+            let cells = raw::held(input.closure?.as_any());
+            raw::cell_contents_held(cells.exact_seq_item(*index as isize)?)
+        }
+        _ => None,
+    }
+}
+
+fn read_child(node: &Node, parent: Val) -> Option<Val> {
+    let p = as_obj(parent)?;
+    let v = match &node.access {
+        Access::Item { index, .. } => match index.and_then(|i| p.exact_seq_item(i)) {
+            Some(v) => v,
+            None => node.cache.hit(raw::dict_version(p)?, 0)?,
+        },
+        Access::Attr(_) => {
+            if p.is_plain_type() {
+                node.cache.hit(raw::type_version(p)? as u64, p.addr())?
+            } else if node.globals_attr {
+                p.function_globals()?
+            } else {
+                return None;
+            }
+        }
+        Access::DictOf => p.instance_dict()?,
+        Access::TypeOf => p.type_of(),
+        Access::LenOf => return Some(int_val(p.exact_len()?)),
+        _ => return None,
+    };
+    Some(v.addr())
+}
+
+/// A symbolic-shape leaf over the replayed values: each tensor's sizes and strides are read
+/// once (up to `TENSORS` tensors, then per symbol); None when a symbol cannot be read raw.
+fn check_shape(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<bool> {
+    const TENSORS: usize = 8;
+    let mut nodes = [usize::MAX; TENSORS];
+    let mut dims = [[0i64; 16]; TENSORS];
+    let mut ndims = [0usize; TENSORS];
+    let mut used = 0;
+    let mut undecided = false;
+    let ok = s.check(|b| {
+        let v = (|| {
+            let h = as_obj(memo[b.node])?;
+            let (d, stride) = match b.read {
+                SymRead::Size(d) => (d, false),
+                SymRead::Stride(d) => (d, true),
+                _ => return b.read.read_raw(&h.bound(py)),
+            };
+            let k = match nodes[..used].iter().position(|&n| n == b.node) {
+                Some(k) => k,
+                None if used < TENSORS => {
+                    ndims[used] = crate::tensor::dims_into(&h.bound(py), &mut dims[used])?;
+                    nodes[used] = b.node;
+                    used += 1;
+                    used - 1
+                }
+                None => return b.read.read_raw(&h.bound(py)),
+            };
+            let j = crate::tensor::dim_index(d, ndims[k])?;
+            Some(dims[k][if stride { 8 + j } else { j }])
+        })();
+        undecided |= v.is_none();
+        v
+    });
+    (!undecided).then_some(ok)
+}
+
+fn check_leaf(py: Python<'_>, kind: &LeafKind, v: Val) -> Option<bool> {
+    if v & 1 == 1 {
+        // A length: only compared with ints.
+        let n = (v >> 1) as i64;
+        return match kind {
+            LeafKind::Equals(Const::Int(i)) => Some(n == *i),
+            LeafKind::IsNone => Some(false),
+            LeafKind::IsNotNone => Some(true),
+            _ => None,
+        };
+    }
+    let h = as_obj(v)?;
+    Some(match kind {
+        LeafKind::TypeIs(id) => id.is(py, h.type_of().ptr()),
+        LeafKind::Is(id) => id.is(py, h.ptr()),
+        LeafKind::IsNone => h.is_none(),
+        LeafKind::IsNotNone => !h.is_none(),
+        LeafKind::Equals(Const::None) => h.is_none(),
+        LeafKind::Equals(Const::Bool(b)) => {
+            if *b {
+                h.is_true()
+            } else {
+                h.is_false()
+            }
+        }
+        LeafKind::Equals(Const::Int(i)) => h.exact_int() == Some(*i),
+        LeafKind::LengthIs(n) => h.exact_len()? == *n,
+        LeafKind::DictKeys(keys) => raw::dict_keys_are(h, keys)?,
+        LeafKind::Tensor(t) => t.check_raw(&h.bound(py))?,
+        _ => return None,
+    })
+}
