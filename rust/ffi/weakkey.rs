@@ -30,6 +30,7 @@
 //! Does not own what the slot means (rust/weak/table.rs) or when it is written (rust/weak/).
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 use pyo3::ffi;
@@ -137,6 +138,10 @@ struct KeyRefType {
 }
 
 static KEY_REF: OnceLock<KeyRefType> = OnceLock::new();
+
+/// `new_key_ref`'s argument tuple between calls (items NULL), or null. Only touched with the GIL
+/// held, so the atomic is only there to make the static `Sync`.
+static ARGS: AtomicPtr<ffi::PyObject> = AtomicPtr::new(std::ptr::null_mut());
 
 fn base() -> *mut ffi::PyTypeObject {
     std::ptr::addr_of_mut!(ffi::_PyWeakref_RefType)
@@ -262,13 +267,35 @@ pub fn new_key_ref<'py>(
     // keep the argument tuple. Our type's instances are `slot_offset + 8` bytes, zeroed by
     // `tp_alloc`, so the slot field is ours to write.
     unsafe {
-        let args = ffi::PyTuple_Pack(2, key.as_ptr(), callback.as_ptr());
+        // The argument tuple is reused from call to call (as `zip` reuses its result tuple):
+        // taken out of `ARGS` (so a nested call, from code the allocation runs, makes its own),
+        // filled, emptied after the call, and put back if nothing else kept a reference to it.
+        let mut args = ARGS.swap(std::ptr::null_mut(), Ordering::Relaxed);
         if args.is_null() {
-            return Err(PyErr::fetch(py));
+            args = ffi::PyTuple_New(2);
+            if args.is_null() {
+                return Err(PyErr::fetch(py));
+            }
         }
+        ffi::PyTuple_SET_ITEM(args, 0, ffi::Py_NewRef(key.as_ptr()));
+        ffi::PyTuple_SET_ITEM(args, 1, ffi::Py_NewRef(callback.as_ptr()));
         let new = (*base()).tp_new.expect("weakref.ref has tp_new");
         let obj = new(t.tp as *mut ffi::PyTypeObject, args, std::ptr::null_mut());
-        ffi::Py_DECREF(args);
+        if ffi::Py_REFCNT(args) == 1 {
+            // only we hold it: empty it (a tuple with NULL items is valid for the collector,
+            // which skips them) and keep it for the next call
+            for i in 0..2 {
+                let item = ffi::PyTuple_GET_ITEM(args, i);
+                ffi::PyTuple_SET_ITEM(args, i, std::ptr::null_mut());
+                ffi::Py_DECREF(item);
+            }
+            let previous = ARGS.swap(args, Ordering::Relaxed);
+            if !previous.is_null() {
+                ffi::Py_DECREF(previous);
+            }
+        } else {
+            ffi::Py_DECREF(args);
+        }
         if obj.is_null() {
             return Err(PyErr::fetch(py));
         }
@@ -381,6 +408,22 @@ mod tests {
             // a plain weakref is not ours: never read, never written
             let plain = PyWeakrefReference::new(&key).unwrap();
             assert_eq!(slot_of(plain.as_any()), None);
+            // the reused argument tuple is back in its cache, empty and held by nothing else
+            let args = ARGS.load(Ordering::Relaxed);
+            assert!(!args.is_null());
+            // SAFETY: the GIL is held; `args` is the cached tuple, kept alive by the cache.
+            unsafe {
+                assert_eq!(ffi::Py_REFCNT(args), 1);
+                assert!(ffi::PyTuple_GET_ITEM(args, 0).is_null());
+                assert!(ffi::PyTuple_GET_ITEM(args, 1).is_null());
+            }
+            let again = new_key_ref(&key, &cb).unwrap();
+            assert!(!again.is(&wr) && again.upgrade().unwrap().is(&key));
+            assert_eq!(
+                ARGS.load(Ordering::Relaxed),
+                args,
+                "the same tuple was reused"
+            );
             drop(key);
             assert!(wr.upgrade().is_none());
             assert_eq!(slot_of(wr.as_any()), Some(12345));
