@@ -80,7 +80,9 @@ def assigns_parameter_to_module(x, m):
 
 
 def extends_input_set(x, s):
-    s.update((1, 2))  # LINE
+    t = {x, x * 2, x * 3}
+    t.discard(x)  # t's order now depends on the tensors' addresses and on its history
+    s |= t  # LINE
     return x
 
 
@@ -97,7 +99,9 @@ def nonzero(x):
 
 
 def set_of_tensors(x):
-    return {x, 2}  # LINE
+    for t in {x, x * 2}:  # LINE
+        x = x + t  # the order of a set of new tensors is not known at trace time
+    return x
 
 
 def tensor_requires_grad_set(x):
