@@ -41,7 +41,7 @@ from ferrodyn.variables.tensor import TensorVariable
 from ferrodyn.variables.torch_fns import TorchFunctionVariable, is_torch_callable
 from ferrodyn.variables.user_objects import (
     ClassVariable, NamedTupleVariable, PythonModuleVariable, UserObjectVariable,
-    is_namedtuple_class,
+    is_identity_hashed, is_namedtuple_class, is_slots_class,
 )
 
 _SCALARS = (bool, int, float, str, bytes, complex)
@@ -75,8 +75,9 @@ def _is_identity_keyed(value: Any) -> bool:
     t = type(value)
     if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module)):
         return True
-    return hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" \
-        and not isinstance(value, (type, types.FunctionType, types.ModuleType, types.MethodType))
+    return (hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins"
+            and not isinstance(value, (type, types.FunctionType, types.ModuleType,
+                                       types.MethodType))) or is_slots_class(t)
 
 
 def _existing(tx, source, **kw) -> dict:
@@ -157,7 +158,7 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
             unsupported(f"{source.name()}: the __dict__ of an object whose attributes were "
                         f"assigned in this frame", BreakReason.SIDE_EFFECT)
         keys = tuple(value)
-        if not all(is_constant_value(k) for k in keys):
+        if not all(is_constant_value(k) or is_identity_hashed(k) for k in keys):
             unsupported(f"dict with non-constant keys at {source.name()}",
                         BreakReason.UNSUPPORTED_TYPE)
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
@@ -193,7 +194,8 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     var = _build_object_model(tx, value, source)
     if var is not None:
         return var
-    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins":
+    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" or \
+            is_slots_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
     from ferrodyn.variables.functions import OpaqueVariable

@@ -23,7 +23,7 @@ from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
 from ferrodyn.variables.base import LazyVariable, VariableTracker, instance_has_attr, unsupported
-from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
 from ferrodyn.variables.lists import TupleVariable
 
 _ABSENT = object()
@@ -318,6 +318,15 @@ class UserObjectVariable(ObjectLike):
         return None
 
     def has_attr(self, tx, name):
+        member = lookup_class_attr(type(self.value), name)
+        if isinstance(member, types.MemberDescriptorType) and \
+                self._override("__getattribute__") is None:
+            # a `__slots__` member: present only once assigned (absence cannot be guarded)
+            if not hasattr(self.value, name) or self.source is None:
+                unsupported(f"hasattr on the unset (or unsourced) slot {name!r} of a "
+                            f"{type(self.value).__name__} object", BreakReason.UNSUPPORTED_TYPE)
+            tx.realize(self.descriptor_attr(tx, name))  # guards the member's value
+            return True
         found = super().has_attr(tx, name)
         if not found and self.source is not None:
             self.guard_absence(tx)
@@ -379,8 +388,26 @@ class UserObjectVariable(ObjectLike):
         self.plain_setattr_check(tx, name, "del")
         self.record_delete(tx, name)
 
+    def _dict_tracker(self, tx):
+        """The dict tracker of this object's `__dict__` when the trace already holds one
+        (`obj.__dict__` was read as a dict): it is then the one truth for the attributes."""
+        d = getattr(self.value, "__dict__", None)
+        as_dict = tx.output.side_effects.tracked(d, None) if isinstance(d, dict) else None
+        return as_dict if as_dict is not None and hasattr(as_dict, "state") else None
+
     def record_store(self, tx, name, value):
+        from ferrodyn.side_effects import DELETED
         from ferrodyn.trace_result import OutSource
+        as_dict = self._dict_tracker(tx)
+        if as_dict is not None:
+            # `object.__setattr__` without a descriptor is `obj.__dict__[name] = value`: the
+            # store goes to the dict tracker (recorded and replayed as that dict's mutation)
+            key = ConstantVariable(value=name)
+            if value is DELETED:
+                as_dict.delitem(tx, key)
+            else:
+                as_dict.setitem(tx, key, value)
+            return
         src = self.source
         tx.output.side_effects.store_attr(self.value, lambda tx: OutSource(src), name, value)
 
@@ -530,6 +557,44 @@ class NamedTupleVariable(TupleVariable):
         return OutCall(self.cls._make, (OutTuple(items),))
 
 
+def is_identity_hashed(value: Any) -> bool:
+    """`value` hashes and compares by identity (its type keeps object's `__hash__`/`__eq__`:
+    classes without a metaclass override, functions, `typing.Union`...): as a dict key it can
+    be held as the object itself, and the DICT_KEYS guard matches it by identity."""
+    t = type(value)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+
+
+def identity_dict_key(tx, key: VariableTracker) -> Any:
+    """The object behind `key` when it can key a dict by identity (an object from the frame
+    whose type hashes by identity), its identity guarded (ID_MATCH: a lookup's outcome depends
+    on which object it is); `_ABSENT` otherwise."""
+    if not isinstance(key, UserObjectVariable) or not is_identity_hashed(key.value):
+        return _ABSENT
+    if key.source is None:
+        unsupported(f"a {type(key.value).__name__} object of unknown origin as a dict key",
+                    BreakReason.UNSUPPORTED_TYPE)
+    from ferrodyn.guard_spec import GuardKind
+    tx.output.install_guard(key.source, GuardKind.ID_MATCH, key.value)
+    return key.value
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined by a class statement
+
+
+def is_slots_class(cls: Any) -> bool:
+    """Instances of `cls` keep their attributes in `__slots__` members only (no `__dict__`):
+    every class of its MRO but `object` is a Python class that declares `__slots__`
+    (`dataclasses.Field`, `@dataclass(slots=True)` classes). Such an object is read through its
+    member descriptors (`descriptor_attr`), each read guarded by its source."""
+    if not isinstance(cls, type) or issubclass(cls, (type, BaseException, tuple)):
+        return False
+    mro = cls.__mro__
+    return mro[-1] is object and len(mro) > 1 and all(
+        k.__flags__ & _HEAPTYPE and "__slots__" in vars(k) and "__dict__" not in vars(k)
+        for k in mro[:-1])
+
+
 def is_namedtuple_class(cls: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
 
@@ -587,6 +652,8 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
     from ferrodyn.variables import exceptions
     if exceptions.can_make(cls):
         return exceptions.make(tx, cls, args, kwargs)
+    if issubclass(cls, torch.nn.Module) and is_stateless_torch_module_class(cls):
+        return construct_stateless_torch_module(tx, cls, args, kwargs)
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         unsupported(f"creating a {cls.__name__} inside the traced code",
                     BreakReason.UNSUPPORTED_CALL)
@@ -607,6 +674,53 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
     tx.realize(class_attr_tracker(tx, cls, None, "__init__", init, obj)).call_function(
         tx, args, kwargs)
     return obj
+
+
+# torch.nn's global registration hooks: they would run when a module is built at trace time
+_MODULE_REGISTRATION_HOOKS = ("_global_module_registration_hooks",
+                              "_global_parameter_registration_hooks",
+                              "_global_buffer_registration_hooks")
+
+
+def is_stateless_torch_module_class(cls: type) -> bool:
+    """One of torch.nn's own module classes (losses, activations, dropout, flatten...): its
+    `__init__` touches nothing but the new object (torch/nn/modules)."""
+    return cls.__module__.startswith("torch.nn.modules.") and type(cls).__call__ is type.__call__
+
+
+def construct_stateless_torch_module(tx, cls: type, args, kwargs) -> VariableTracker:
+    """`nn.CrossEntropyLoss()` in traced code: built at trace time from constant arguments, as
+    long as it owns no parameter or tensor buffer (they would be made at trace time, once,
+    consuming the RNG) and no global registration hook would see it. The object is private to
+    the trace (no source): its calls are inlined, a mutation of it or its escape from the frame
+    (returned, stored) is refused, so no caller can tell it from the one eager code builds."""
+    import torch
+    from ferrodyn.variables.nn_module import NNModuleVariable
+    consts = [tx.realize(a) for a in (*args, *kwargs.values())]
+    if not all(c.is_python_constant() for c in consts) or \
+            not all(is_constant_value(c.as_python_constant()) for c in consts):
+        unsupported(f"creating a {cls.__name__} from non-constant arguments inside the traced "
+                    f"code", BreakReason.UNSUPPORTED_CALL)
+    mm = torch.nn.modules.module
+    if any(getattr(mm, h, None) for h in _MODULE_REGISTRATION_HOOKS):
+        unsupported(f"creating a {cls.__name__} while global module registration hooks are "
+                    f"installed", BreakReason.UNSUPPORTED_CALL)
+    pos = [tx.realize(a).as_python_constant() for a in args]
+    kw = {k: tx.realize(v).as_python_constant() for k, v in kwargs.items()}
+    rng = torch.random.get_rng_state()
+    try:
+        module = cls(*pos, **kw)
+    except Exception as e:  # eager raises it: the frame runs eagerly and does
+        unsupported(f"{cls.__name__}(...) raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
+    finally:
+        changed = not torch.equal(rng, torch.random.get_rng_state())
+        if changed:
+            torch.random.set_rng_state(rng)
+    if changed or any(True for _ in module.parameters()) or \
+            any(b is not None for b in module.buffers()):
+        unsupported(f"creating a {cls.__name__} (it owns parameters or buffers) inside the "
+                    f"traced code", BreakReason.UNSUPPORTED_CALL)
+    return NNModuleVariable(value=module)
 
 
 @dataclass(frozen=True, eq=False)

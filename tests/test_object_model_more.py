@@ -1,0 +1,236 @@
+"""The object model that library code leans on (found on transformers' BERT training step, one
+test per class of construct): objects that keep their attributes in `__slots__` members only
+(`dataclasses.Field`, `@dataclass(slots=True)`), dicts keyed by objects that hash by identity
+(classes, `typing.Union`), attribute stores on an object whose `__dict__` the trace already read
+as a dict, and torch.nn's stateless modules created inside the traced code. Compiled == eager
+(results and mutated state), graph counts against torch.compile's in the same test, and the
+guards that make a changed value recompile."""
+
+import dataclasses
+import typing
+
+import pytest
+import torch
+import torch._dynamo
+
+import ferrodyn
+from counting_backend import CountingBackend
+
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
+
+
+def _run_both(fn, make_args, state=lambda args: None, calls=1):
+    """Run `fn` eagerly, through ferrodyn.compile and through torch.compile, each on fresh
+    arguments from `make_args()`, `calls` times; results and `state(args)` must agree with
+    eager's. Returns (ferrodyn graphs, torch.compile graphs)."""
+    ours, theirs = CountingBackend(), CountingBackend()
+    torch._dynamo.reset()
+    runs = {"eager": fn, "ferrodyn": ferrodyn.compile(fn, backend=ours),
+            "torch": torch.compile(fn, backend=theirs)}
+    outs = {}
+    for name, f in runs.items():
+        torch.manual_seed(0)
+        args = make_args()
+        torch.manual_seed(1)
+        results = [f(*args) for _ in range(calls)]
+        outs[name] = (results, state(args))
+    torch._dynamo.reset()
+    for name in ("ferrodyn", "torch"):
+        got, want = outs[name], outs["eager"]
+        _assert_same(got[0], want[0], name)
+        assert got[1] == want[1], f"{name}: state {got[1]!r} != {want[1]!r}"
+    return ours.count, theirs.count
+
+
+def _assert_same(got, want, name):
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    elif isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want), f"{name}: {got!r} != {want!r}"
+        for g, w in zip(got, want):
+            _assert_same(g, w, name)
+    else:
+        assert got == want, f"{name}: {got!r} != {want!r}"
+
+
+# -- __slots__ members read through their descriptors ----------------------------------------
+
+@dataclasses.dataclass(slots=True)
+class Slotted:
+    scale: float
+    name: str
+
+
+class Point:
+    __slots__ = ("x", "y")
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+@dataclasses.dataclass
+class Cfg:
+    hidden: int = 4
+    act: str = "relu"
+
+
+def field_names(x, cfg):
+    names = [f.name for f in dataclasses.fields(cfg)]
+    return x * len(names), names
+
+
+def slots_read(x, s, p):
+    return x * s.scale + p.x - p.y, s.name
+
+
+def test_dataclass_fields_names_are_read_from_field_slots():
+    ours, theirs = _run_both(field_names, lambda: (torch.randn(3), Cfg()))
+    assert ours == theirs == 1
+
+
+def test_slots_members_read_and_guarded():
+    ours, theirs = _run_both(slots_read, lambda: (torch.randn(3), Slotted(2.0, "a"), Point(1, 5)))
+    assert ours == theirs == 1
+    cnt = CountingBackend()
+    f = ferrodyn.compile(slots_read, backend=cnt)
+    x, s, p = torch.randn(3), Slotted(2.0, "a"), Point(1, 5)
+    f(x, s, p)
+    p.y = 7.0  # the member's value is guarded: a changed slot recompiles
+    out, name = f(x, s, p)
+    torch.testing.assert_close(out, x * 2.0 + 1 - 7.0)
+    assert name == "a" and cnt.count == 2
+
+
+def slot_probe(x, p):
+    return x + 1 if hasattr(p, "y") else x - 1
+
+
+def test_hasattr_of_an_unset_slot_is_false():
+    def make():
+        p = Point(1, 2)
+        del p.y
+        return torch.randn(3), p
+    ours, theirs = _run_both(slot_probe, make)
+    assert theirs == 1 and ours <= 1  # eager answers False; never a wrong branch
+    ours, theirs = _run_both(slot_probe, lambda: (torch.randn(3), Point(1, 2)))
+    assert ours == theirs == 1
+
+
+def slot_store(x, p):
+    p.x = 10  # a member descriptor's store: refused (the frame runs eagerly), never lost
+    return x + p.x
+
+
+def test_slot_store_reaches_the_object():
+    _run_both(slot_store, lambda: (torch.randn(3), Point(1, 2)), state=lambda a: (a[1].x, a[1].y))
+
+
+# -- dicts keyed by objects that hash by identity ----------------------------------------------
+
+def _union(value, args):
+    return len(args)
+
+
+def _seq(value, args):
+    return 100 + len(args)
+
+
+VALIDATORS = {typing.Union: _union, list: _seq, tuple: _seq}
+
+
+def validate(x, tp):
+    validator = VALIDATORS.get(typing.get_origin(tp))
+    return x * validator(x, typing.get_args(tp)) if validator is not None else x - 1
+
+
+@pytest.mark.parametrize("tp", [typing.Optional[int], typing.Union[int, str, None], list[int],
+                                int], ids=str)
+def test_dict_keyed_by_classes_and_special_forms(tp):
+    ours, theirs = _run_both(validate, lambda: (torch.randn(3), tp))
+    assert ours <= theirs == 1
+
+
+class Token:
+    pass
+
+
+A, B = Token(), Token()
+BY_TOKEN = {A: 2.0, B: 3.0}
+
+
+def by_token(x, tok):
+    return x * BY_TOKEN[tok]
+
+
+def test_identity_keyed_lookup_is_guarded_by_identity():
+    cnt = CountingBackend()
+    f = ferrodyn.compile(by_token, backend=cnt)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x, A), x * 2.0)
+    torch.testing.assert_close(f(x, B), x * 3.0)  # same type, other object: recompiles
+    assert cnt.count == 2
+
+
+# -- a store after the trace read the object's __dict__ as a dict -------------------------------
+
+class DictPeeking:
+    """Reads its own `__dict__` on every attribute access (transformers' config mixins)."""
+
+    def __init__(self):
+        self.problem = None
+        self.labels = 3
+
+    def __getattribute__(self, key):
+        spec = super().__getattribute__("__dict__").get("_spec")
+        if spec is not None:
+            raise AttributeError(key)
+        return super().__getattribute__(key)
+
+
+def set_problem(x, cfg):
+    if cfg.problem is None:
+        cfg.problem = "single" if cfg.labels > 1 else "regression"
+    return x * cfg.labels if cfg.problem == "single" else x
+
+
+def test_store_after_dict_view_goes_through_the_dict():
+    ours, theirs = _run_both(set_problem, lambda: (torch.randn(3), DictPeeking()),
+                             state=lambda a: dict(object.__getattribute__(a[1], "__dict__")),
+                             calls=2)
+    assert ours == theirs == 2  # the first call sets the guarded attribute
+
+
+# -- torch.nn's stateless modules created in the traced code ------------------------------------
+
+def loss_in_frame(logits, labels):
+    loss_fct = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    return loss_fct(logits.view(-1, 3), labels.view(-1))
+
+
+def test_stateless_module_created_in_frame():
+    ours, theirs = _run_both(loss_in_frame,
+                             lambda: (torch.randn(4, 3), torch.tensor([0, 2, 1, 1])))
+    assert ours == theirs == 1
+
+
+def module_with_params(x):
+    return torch.nn.Linear(3, 2)(x)
+
+
+def test_module_with_parameters_is_not_built_at_trace_time():
+    # built at run time as eager builds it (a graph break): the same RNG draws, the same result
+    ours, theirs = _run_both(module_with_params, lambda: (torch.randn(4, 3),))
+    assert ours == theirs == 1
+
+
+def module_escapes(x):
+    act = torch.nn.ReLU()
+    return act(x), act
+
+
+def test_created_module_escaping_the_frame_is_a_fresh_object():
+    f = ferrodyn.compile(module_escapes, backend=CountingBackend())
+    x = torch.randn(3)
+    (y1, m1), (y2, m2) = f(x), f(x)
+    torch.testing.assert_close(y1, x.relu())
+    assert isinstance(m1, torch.nn.ReLU) and m1 is not m2
