@@ -7,6 +7,7 @@ as a dict, and torch.nn's stateless modules created inside the traced code. Comp
 guards that make a changed value recompile."""
 
 import dataclasses
+import functools
 import typing
 
 import pytest
@@ -234,3 +235,113 @@ def test_created_module_escaping_the_frame_is_a_fresh_object():
     (y1, m1), (y2, m2) = f(x), f(x)
     torch.testing.assert_close(y1, x.relu())
     assert isinstance(m1, torch.nn.ReLU) and m1 is not m2
+
+
+# -- functools.lru_cache / functools.cache wrappers --------------------------------------------
+
+def _counted_cache():
+    body_runs = []
+
+    @functools.lru_cache(maxsize=None)
+    def heads(n, scale=1):
+        body_runs.append(n)
+        return n * 2 * scale
+
+    return heads, body_runs
+
+
+def test_lru_cache_on_constants_runs_the_body_as_eager_does():
+    runs = {}
+    for name in ("eager", "ferrodyn"):
+        heads, body_runs = _counted_cache()
+
+        def fn(x):
+            return x * heads(3) + heads(3, scale=2)
+
+        f = fn if name == "eager" else ferrodyn.compile(fn, backend=CountingBackend())
+        x = torch.randn(3)
+        for _ in range(3):
+            torch.testing.assert_close(f(x), x * 6 + 12)
+        runs[name] = (list(body_runs), heads.cache_info().misses)
+    assert runs["ferrodyn"] == runs["eager"] == ([3, 3], 2)
+    heads, _ = _counted_cache()
+    ours, theirs = _run_both(lambda x: x * heads(4), lambda: (torch.randn(3),))
+    assert ours == theirs == 1
+
+
+@functools.cache
+def shared_table(n):
+    return [n]
+
+
+def returns_cached_list(x):
+    return x + 1, shared_table(5)
+
+
+def test_lru_cache_mutable_result_is_the_cached_object():
+    f = ferrodyn.compile(returns_cached_list, backend=CountingBackend())
+    for _ in range(2):
+        _, table = f(torch.randn(2))
+        assert table is shared_table(5)  # identity, as eager: never a copy
+
+
+@functools.lru_cache(maxsize=8)
+def doubled(t):
+    return t * 2
+
+
+def cached_on_tensor(x):
+    return doubled(x) + 1
+
+
+def test_lru_cache_tensor_argument_hits_the_cache_as_eager():
+    # a hit returns the result cached for this very tensor, stale after an in-place change
+    f = ferrodyn.compile(cached_on_tensor, backend=CountingBackend())
+    x, y = torch.ones(3), torch.ones(3)
+    first = f(x)
+    x.add_(10)  # eager's cache still holds the result for the unmutated x
+    torch.testing.assert_close(f(x), first)
+    torch.testing.assert_close(cached_on_tensor(y), f(y))
+
+
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+
+    @functools.lru_cache
+    def factor(self, n):
+        return self.k * n
+
+
+S3 = Scaler(3)
+
+
+def cached_method(x):
+    return x * S3.factor(2)
+
+
+def test_lru_cache_method_binds_self_and_guards_it():
+    ours, theirs = _run_both(cached_method, lambda: (torch.randn(3),))
+    assert ours == theirs == 1
+
+
+PENDING = []
+
+
+def cached_after_mutation(x):
+    PENDING.append(1)
+    return x * _pending_len(0)
+
+
+@functools.lru_cache
+def _pending_len(_):
+    return len(PENDING)  # reads state the frame has just mutated
+
+
+def test_lru_cache_call_waits_for_pending_mutations():
+    f = ferrodyn.compile(cached_after_mutation, backend=CountingBackend())
+    PENDING.clear()
+    _pending_len.cache_clear()
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), x * 1)  # eager: the body sees the appended item
+    assert PENDING == [1]

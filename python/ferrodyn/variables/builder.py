@@ -225,9 +225,15 @@ def _build_mappingproxy(tx, value, source):
     return DictVariable(source=source, state=state)
 
 
+def _build_lru_wrapper(tx, value, source):
+    from ferrodyn.variables.functools_vars import build_lru_wrapper
+    return build_lru_wrapper(tx, value, source)
+
+
 _OBJECT_MODEL_BUILDERS = {
     operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
     types.MappingProxyType: _build_mappingproxy,
+    functools._lru_cache_wrapper: _build_lru_wrapper,
 }
 
 
@@ -298,6 +304,9 @@ def build_unsourced(value: Any) -> VariableTracker:
     var = _build_constant_object(value, None)
     if var is not None:
         return var
+    if type(value) is functools._lru_cache_wrapper:
+        from ferrodyn.variables.functools_vars import LruCacheVariable
+        return LruCacheVariable(value=value)
     if isinstance(value, types.MethodType):
         return BoundMethodVariable(func=build_unsourced(value.__func__),
                                    obj=build_unsourced(value.__self__))

@@ -15,6 +15,7 @@ Does not own nn.Module specifics (nn_module.py) or the builtin types (builtins.p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,8 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
     if isinstance(attr, classmethod):
         fn = _lazy(attr.__func__, _sub(src, lambda s: AttrSource(s, "__func__")))
         return BoundMethodVariable(func=fn, obj=ClassVariable(source=cls_source, value=cls))
-    if isinstance(attr, types.FunctionType) and self_tracker is not None:
+    if isinstance(attr, (types.FunctionType, functools._lru_cache_wrapper)) and \
+            self_tracker is not None:  # (an lru_cache wrapper binds like a function)
         return BoundMethodVariable(func=_lazy(attr, src), obj=self_tracker)
     if isinstance(attr, property) and self_tracker is not None:
         if attr.fget is None:
