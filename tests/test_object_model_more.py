@@ -6,6 +6,7 @@ as a dict, and torch.nn's stateless modules created inside the traced code. Comp
 (results and mutated state), graph counts against torch.compile's in the same test, and the
 guards that make a changed value recompile."""
 
+import contextlib
 import dataclasses
 import functools
 import typing
@@ -345,3 +346,96 @@ def test_lru_cache_call_waits_for_pending_mutations():
     x = torch.randn(3)
     torch.testing.assert_close(f(x), x * 1)  # eager: the body sees the appended item
     assert PENDING == [1]
+
+
+# -- contextlib.ExitStack ------------------------------------------------------------------------
+
+class Logged:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __enter__(self):
+        self.log.append(f"enter {self.name}")
+        return self.name
+
+    def __exit__(self, *exc):
+        self.log.append(f"exit {self.name}")
+        return False
+
+
+@contextlib.contextmanager
+def gen_cm(log):
+    log.append("gen enter")
+    yield 7
+    log.append("gen exit")
+
+
+def exit_stack_mix(x, log):
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(Logged(log, "a"))
+        stack.enter_context(torch.no_grad())
+        k = stack.enter_context(gen_cm(log))
+        stack.callback(log.append, "callback")
+        y = x * k
+        log.append(f"body {a} {y.requires_grad}")
+    log.append("after")
+    return y, y.requires_grad, x * 2
+
+
+def test_exit_stack_runs_exits_innermost_first():
+    ours, theirs = _run_both(exit_stack_mix, lambda: (torch.randn(3, requires_grad=True), []),
+                             state=lambda a: list(a[1]))
+    assert ours == 1 >= theirs  # torch.compile (pinned) runs this frame eagerly
+
+
+def exit_stack_pop_all(x, log):
+    with contextlib.ExitStack() as outer:
+        outer.enter_context(Logged(log, "a"))
+        outer.callback(log.append, "cb")
+        moved = outer.pop_all()  # the outer stack is now empty: nothing runs at its exit
+        log.append("body")
+    log.append("closing")
+    moved.close()
+    return x + 1
+
+
+def test_exit_stack_pop_all_and_close():
+    ours, theirs = _run_both(exit_stack_pop_all, lambda: (torch.randn(3), []),
+                             state=lambda a: list(a[1]))
+    assert ours == theirs == 1
+
+
+def _raise_value_error():
+    raise ValueError("from a callback")
+
+
+def exit_stack_raising_callback(x, log):
+    with contextlib.ExitStack() as stack:
+        stack.callback(log.append, "second")
+        stack.callback(_raise_value_error)
+        log.append("body")
+    return x + 1
+
+
+def test_exit_stack_exception_path_is_eager():
+    log_e, log_c = [], []
+    with pytest.raises(ValueError, match="from a callback"):
+        exit_stack_raising_callback(torch.randn(3), log_e)
+    f = ferrodyn.compile(exit_stack_raising_callback, backend=CountingBackend())
+    with pytest.raises(ValueError, match="from a callback"):
+        f(torch.randn(3), log_c)
+    assert log_c == log_e == ["body", "second"]
+
+
+def exit_stack_escapes(x, log):
+    stack = contextlib.ExitStack()
+    stack.enter_context(Logged(log, "a"))
+    return x + 1, stack
+
+
+def test_exit_stack_escaping_keeps_its_exits():
+    log = []
+    f = ferrodyn.compile(exit_stack_escapes, backend=CountingBackend())
+    _, stack = f(torch.randn(3), log)
+    stack.close()
+    assert log == ["enter a", "exit a"]
