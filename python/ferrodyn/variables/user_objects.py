@@ -46,6 +46,20 @@ def _lazy(value, source):
     return lazy(value, source)
 
 
+def pending_class_attr(tx, cls: type, name: str) -> VariableTracker | None:
+    """The value this trace stored as `name` on the first class of `cls`'s MRO that has one
+    (`Cls.x = v` is pending in the SideEffects table until the replay), None when the lookup
+    reaches a class whose real `__dict__` holds `name` first, or no class has it."""
+    table = tx.output.side_effects
+    for klass in cls.__mro__:
+        pending = table.pending_class_attr(klass, name)
+        if pending is not None:
+            return pending
+        if name in klass.__dict__:
+            return None
+    return None
+
+
 def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr: Any,
                        self_tracker: VariableTracker | None) -> VariableTracker:
     """A class attribute seen through an instance (`self_tracker`) or through the class."""
@@ -154,6 +168,10 @@ class ObjectLike(VariableTracker):
         cls = self.obj_type()
         if name == "__class__":
             return ClassVariable(source=self.type_source(), value=cls)
+        pending = pending_class_attr(tx, cls, name)
+        if pending is not None:  # a plain value stored on the class in this trace
+            inst = self.instance_attr(tx, name)
+            return inst if inst is not None else pending
         attr = lookup_class_attr(cls, name)
         is_data_descr = attr is not _ABSENT and (
             isinstance(attr, property) or hasattr(type(attr), "__set__"))
@@ -216,7 +234,8 @@ class ObjectLike(VariableTracker):
         override = self._override("__getattribute__")
         if override is not None:
             return self._probe_override(tx, cls, override, name)
-        if lookup_class_attr(cls, name) is not _ABSENT:
+        if lookup_class_attr(cls, name) is not _ABSENT or \
+                pending_class_attr(tx, cls, name) is not None:
             return True
         found = self.instance_attr(tx, name) is not None or \
             self.fallback_attr(tx, name) is not None
@@ -439,12 +458,13 @@ class NewObjectVariable(ObjectLike):
 
     cls: type = object
     state: ObjState = field(default_factory=lambda: ObjState({}))
+    cls_source: Source | None = None  # where the class was reached (class attributes guarded)
 
     def obj_type(self):
         return self.cls
 
     def type_source(self):
-        return None
+        return self.cls_source
 
     def identity(self):
         return self.state
@@ -527,6 +547,9 @@ class NamedTupleVariable(TupleVariable):
         fields = self._fields()
         if name in fields:
             return self.items[fields.index(name)]
+        pending = pending_class_attr(tx, self.cls, name)
+        if pending is not None:
+            return pending
         attr = lookup_class_attr(self.cls, name)
         if attr is not _ABSENT and not isinstance(attr, types.MemberDescriptorType):
             return class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr,
@@ -582,6 +605,7 @@ def identity_dict_key(tx, key: VariableTracker) -> Any:
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined by a class statement
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE (3.10+): a type whose attributes are fixed
 
 
 def is_slots_class(cls: Any) -> bool:
@@ -622,6 +646,9 @@ class ClassVariable(VariableTracker):
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(value=getattr(self.value, name))
+        pending = pending_class_attr(tx, self.value, name)
+        if pending is not None:
+            return pending
         attr = lookup_class_attr(self.value, name)
         if attr is _ABSENT:
             unsupported(f"AttributeError: class {self.value.__name__} has no {name!r}",
@@ -629,17 +656,51 @@ class ClassVariable(VariableTracker):
         return class_attr_tracker(tx, self.value, self.source, name, attr, None)
 
     def has_attr(self, tx, name):
-        return hasattr(self.value, name)
+        return pending_class_attr(tx, self.value, name) is not None or hasattr(self.value, name)
 
     def call_function(self, tx, args, kwargs):
-        return construct_instance(tx, self.value, args, kwargs)
+        return construct_instance(tx, self.value, args, kwargs, cls_source=self.source)
+
+    def setattr(self, tx, name, value):
+        """`Cls.name = value` (also `type(self).name`, `setattr(Cls, ...)`): recorded in the
+        SideEffects table and replayed after the graph with `type.__setattr__`; later reads in
+        the trace (through the class, its subclasses, instances, `super()`) see the value.
+        Refused: a metaclass with its own `__setattr__`, builtin and extension types, special
+        (dunder) names (they change type slots), names that are data descriptors of the
+        metaclass, and values that are descriptors themselves (functions bind, properties run)."""
+        from ferrodyn.exc import Unsupported
+        cls = self.value
+        meta = type(cls)
+        if lookup_class_attr(meta, "__setattr__") is not type.__setattr__:
+            unsupported(f"store on class {cls.__name__}: its metaclass {meta.__name__} has its "
+                        f"own __setattr__", BreakReason.SIDE_EFFECT)
+        if not cls.__flags__ & _HEAPTYPE or cls.__flags__ & _IMMUTABLETYPE:
+            unsupported(f"store on the builtin or extension type {cls.__name__}",
+                        BreakReason.SIDE_EFFECT)
+        if name.startswith("__") and name.endswith("__"):
+            unsupported(f"store of the special attribute {cls.__name__}.{name}",
+                        BreakReason.SIDE_EFFECT)
+        descr = lookup_class_attr(meta, name)
+        if descr is not _ABSENT and hasattr(type(descr), "__set__"):
+            unsupported(f"store through the metaclass descriptor {meta.__name__}.{name}",
+                        BreakReason.SIDE_EFFECT)
+        try:
+            vtype = tx.realize(value).python_type()
+        except Unsupported:
+            vtype = None
+        if vtype is None or hasattr(vtype, "__get__"):
+            unsupported(f"store of a {getattr(vtype, '__name__', 'value')} on class "
+                        f"{cls.__name__} (descriptors and functions on classes are not "
+                        f"modelled)", BreakReason.SIDE_EFFECT)
+        tx.output.side_effects.store_class_attr(cls, self, name, value)
 
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         return OutConst(self.value) if self.source is None else super().reconstruct(tx)
 
 
-def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
+def construct_instance(tx, cls: type, args, kwargs,
+                       cls_source: Source | None = None) -> VariableTracker:
     """`cls(*args, **kwargs)` for a user class: namedtuples are built directly; other classes
     get a new object and their `__init__` inlined."""
     import torch
@@ -665,7 +726,7 @@ def construct_instance(tx, cls: type, args, kwargs) -> VariableTracker:
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
             type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
-    obj = NewObjectVariable(cls=cls, state=ObjState({}))
+    obj = NewObjectVariable(cls=cls, state=ObjState({}), cls_source=cls_source)
     init = lookup_class_attr(cls, "__init__")
     if init is object.__init__:
         if args or kwargs:
@@ -746,6 +807,9 @@ class SuperVariable(VariableTracker):
             unsupported(f"TypeError: super({self.cls.__name__}, obj): obj is not an instance "
                         f"or subtype", BreakReason.EXCEPTION)
         for klass in mro[mro.index(self.cls) + 1:]:
+            pending = tx.output.side_effects.pending_class_attr(klass, name)
+            if pending is not None:
+                return pending
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if attr is object.__init__ and inst is not None:
