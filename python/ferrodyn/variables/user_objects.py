@@ -8,7 +8,10 @@ type, then the instance `__dict__`, then methods / class attributes, with Source
 instance dict directly, `DictOf(obj)['name']`), then a Python `__getattr__`; `__setattr__`,
 `__setitem__`, `__delitem__` overrides of new objects inlined; builtin slots found on the class
 bound to the instance; `super()` (zero-arg, two-arg, in classmethods); dataclass / namedtuple
-reconstruction.
+reconstruction; objects with `__slots__` only (members read through their descriptors, each
+read guarded by its source); objects that key dicts by identity (`identity_dict_key`).
+Class-attribute stores are checked in class_attrs.py (lookups here consult its pending values
+first); torch.nn modules built in the frame, in nn_construct.py.
 Does not own nn.Module specifics (nn_module.py) or the builtin types (builtins.py).
 """
 
@@ -24,7 +27,7 @@ from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
 from ferrodyn.variables.base import LazyVariable, VariableTracker, instance_has_attr, unsupported
-from ferrodyn.variables.constant import ConstantVariable, is_constant_value
+from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.lists import TupleVariable
 
 _ABSENT = object()
@@ -47,17 +50,8 @@ def _lazy(value, source):
 
 
 def pending_class_attr(tx, cls: type, name: str) -> VariableTracker | None:
-    """The value this trace stored as `name` on the first class of `cls`'s MRO that has one
-    (`Cls.x = v` is pending in the SideEffects table until the replay), None when the lookup
-    reaches a class whose real `__dict__` holds `name` first, or no class has it."""
-    table = tx.output.side_effects
-    for klass in cls.__mro__:
-        pending = table.pending_class_attr(klass, name)
-        if pending is not None:
-            return pending
-        if name in klass.__dict__:
-            return None
-    return None
+    from ferrodyn.variables.class_attrs import pending_class_attr as pending
+    return pending(tx, cls, name)
 
 
 def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr: Any,
@@ -662,37 +656,8 @@ class ClassVariable(VariableTracker):
         return construct_instance(tx, self.value, args, kwargs, cls_source=self.source)
 
     def setattr(self, tx, name, value):
-        """`Cls.name = value` (also `type(self).name`, `setattr(Cls, ...)`): recorded in the
-        SideEffects table and replayed after the graph with `type.__setattr__`; later reads in
-        the trace (through the class, its subclasses, instances, `super()`) see the value.
-        Refused: a metaclass with its own `__setattr__`, builtin and extension types, special
-        (dunder) names (they change type slots), names that are data descriptors of the
-        metaclass, and values that are descriptors themselves (functions bind, properties run)."""
-        from ferrodyn.exc import Unsupported
-        cls = self.value
-        meta = type(cls)
-        if lookup_class_attr(meta, "__setattr__") is not type.__setattr__:
-            unsupported(f"store on class {cls.__name__}: its metaclass {meta.__name__} has its "
-                        f"own __setattr__", BreakReason.SIDE_EFFECT)
-        if not cls.__flags__ & _HEAPTYPE or cls.__flags__ & _IMMUTABLETYPE:
-            unsupported(f"store on the builtin or extension type {cls.__name__}",
-                        BreakReason.SIDE_EFFECT)
-        if name.startswith("__") and name.endswith("__"):
-            unsupported(f"store of the special attribute {cls.__name__}.{name}",
-                        BreakReason.SIDE_EFFECT)
-        descr = lookup_class_attr(meta, name)
-        if descr is not _ABSENT and hasattr(type(descr), "__set__"):
-            unsupported(f"store through the metaclass descriptor {meta.__name__}.{name}",
-                        BreakReason.SIDE_EFFECT)
-        try:
-            vtype = tx.realize(value).python_type()
-        except Unsupported:
-            vtype = None
-        if vtype is None or hasattr(vtype, "__get__"):
-            unsupported(f"store of a {getattr(vtype, '__name__', 'value')} on class "
-                        f"{cls.__name__} (descriptors and functions on classes are not "
-                        f"modelled)", BreakReason.SIDE_EFFECT)
-        tx.output.side_effects.store_class_attr(cls, self, name, value)
+        from ferrodyn.variables.class_attrs import store_on_class
+        store_on_class(tx, self, name, value)
 
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
@@ -715,6 +680,8 @@ def construct_instance(tx, cls: type, args, kwargs,
     from ferrodyn.variables import exceptions
     if exceptions.can_make(cls):
         return exceptions.make(tx, cls, args, kwargs)
+    from ferrodyn.variables.nn_construct import (
+        construct_stateless_torch_module, is_stateless_torch_module_class)
     if issubclass(cls, torch.nn.Module) and is_stateless_torch_module_class(cls):
         return construct_stateless_torch_module(tx, cls, args, kwargs)
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
@@ -737,53 +704,6 @@ def construct_instance(tx, cls: type, args, kwargs,
     tx.realize(class_attr_tracker(tx, cls, None, "__init__", init, obj)).call_function(
         tx, args, kwargs)
     return obj
-
-
-# torch.nn's global registration hooks: they would run when a module is built at trace time
-_MODULE_REGISTRATION_HOOKS = ("_global_module_registration_hooks",
-                              "_global_parameter_registration_hooks",
-                              "_global_buffer_registration_hooks")
-
-
-def is_stateless_torch_module_class(cls: type) -> bool:
-    """One of torch.nn's own module classes (losses, activations, dropout, flatten...): its
-    `__init__` touches nothing but the new object (torch/nn/modules)."""
-    return cls.__module__.startswith("torch.nn.modules.") and type(cls).__call__ is type.__call__
-
-
-def construct_stateless_torch_module(tx, cls: type, args, kwargs) -> VariableTracker:
-    """`nn.CrossEntropyLoss()` in traced code: built at trace time from constant arguments, as
-    long as it owns no parameter or tensor buffer (they would be made at trace time, once,
-    consuming the RNG) and no global registration hook would see it. The object is private to
-    the trace (no source): its calls are inlined, a mutation of it or its escape from the frame
-    (returned, stored) is refused, so no caller can tell it from the one eager code builds."""
-    import torch
-    from ferrodyn.variables.nn_module import NNModuleVariable
-    consts = [tx.realize(a) for a in (*args, *kwargs.values())]
-    if not all(c.is_python_constant() for c in consts) or \
-            not all(is_constant_value(c.as_python_constant()) for c in consts):
-        unsupported(f"creating a {cls.__name__} from non-constant arguments inside the traced "
-                    f"code", BreakReason.UNSUPPORTED_CALL)
-    mm = torch.nn.modules.module
-    if any(getattr(mm, h, None) for h in _MODULE_REGISTRATION_HOOKS):
-        unsupported(f"creating a {cls.__name__} while global module registration hooks are "
-                    f"installed", BreakReason.UNSUPPORTED_CALL)
-    pos = [tx.realize(a).as_python_constant() for a in args]
-    kw = {k: tx.realize(v).as_python_constant() for k, v in kwargs.items()}
-    rng = torch.random.get_rng_state()
-    try:
-        module = cls(*pos, **kw)
-    except Exception as e:  # eager raises it: the frame runs eagerly and does
-        unsupported(f"{cls.__name__}(...) raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
-    finally:
-        changed = not torch.equal(rng, torch.random.get_rng_state())
-        if changed:
-            torch.random.set_rng_state(rng)
-    if changed or any(True for _ in module.parameters()) or \
-            any(b is not None for b in module.buffers()):
-        unsupported(f"creating a {cls.__name__} (it owns parameters or buffers) inside the "
-                    f"traced code", BreakReason.UNSUPPORTED_CALL)
-    return NNModuleVariable(value=module)
 
 
 @dataclass(frozen=True, eq=False)
