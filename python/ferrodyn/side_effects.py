@@ -71,6 +71,11 @@ def delete_attr(obj: Any, name: str) -> None:
     object.__delattr__(obj, name)
 
 
+def store_class_attr(cls: type, name: str, value: Any) -> None:
+    """(objmodel) `Cls.name = value` replayed: the metaclass is `type`'s (checked when traced)."""
+    type.__setattr__(cls, name, value)
+
+
 def store_global(g: dict, name: str, value: Any) -> None:
     g[name] = value
 
@@ -104,6 +109,7 @@ class SideEffects:
         self._shared: dict[int, tuple[Any, OutShared]] = {}  # id(state) -> (state, out)
         self._next_key = 0
         self._building: set[Any] = set()
+        self._class_attrs: dict[tuple[int, str], tuple[type, Any]] = {}  # pending class attrs
         self.identity_sensitive = False  # set by mutations of objects and `is` on inputs
         self.tensor_sensitive = False    # set when the graph writes to an input in place
         # run before every replay (end of trace, graph break): raise Unsupported when a state
@@ -220,6 +226,22 @@ class SideEffects:
     def pending_attr(self, obj: Any, name: str) -> Any:
         """The tracker stored this trace, DELETED, or None (nothing pending)."""
         return self._attrs.get((id(obj), name))
+
+    # -- class attributes (objmodel): `Cls.x = v`, replayed with type.__setattr__ -------------
+    def store_class_attr(self, cls: type, cls_var: "VariableTracker", name: str,
+                         value: "VariableTracker") -> None:
+        """Record `cls.name = value` (program order, flushed with the rest of the log); reads
+        later in the trace see it through `pending_class_attr`."""
+        from ferrodyn.variables.constant import ConstantVariable
+        self.identity_sensitive = True
+        self._class_attrs[(id(cls), name)] = (cls, value)
+        self._log.append(("call", store_class_attr, (cls_var, ConstantVariable(value=name), value),
+                          ()))
+
+    def pending_class_attr(self, cls: type, name: str) -> Any:
+        """The tracker stored into `cls.__dict__[name]` by this trace, or None."""
+        hit = self._class_attrs.get((id(cls), name))
+        return hit[1] if hit is not None and hit[0] is cls else None
 
     def store_global(self, g: dict, name: str, value: "VariableTracker | object") -> None:
         self.identity_sensitive = True

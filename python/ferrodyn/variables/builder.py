@@ -42,7 +42,7 @@ from ferrodyn.variables.tensor import TensorVariable
 from ferrodyn.variables.torch_fns import TorchFunctionVariable, is_torch_callable
 from ferrodyn.variables.user_objects import (
     ClassVariable, NamedTupleVariable, PythonModuleVariable, UserObjectVariable,
-    is_namedtuple_class,
+    is_identity_hashed, is_namedtuple_class, is_slots_class,
 )
 
 _SCALARS = (bool, int, float, str, bytes, complex)
@@ -76,8 +76,9 @@ def _is_identity_keyed(value: Any) -> bool:
     t = type(value)
     if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module)):
         return True
-    return hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" \
-        and not isinstance(value, (type, types.FunctionType, types.ModuleType, types.MethodType))
+    return (hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins"
+            and not isinstance(value, (type, types.FunctionType, types.ModuleType,
+                                       types.MethodType))) or is_slots_class(t)
 
 
 def _existing(tx, source, **kw) -> dict:
@@ -152,7 +153,7 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
             unsupported(f"{source.name()}: the __dict__ of an object whose attributes were "
                         f"assigned in this frame", BreakReason.SIDE_EFFECT)
         keys = tuple(value)
-        if not all(is_constant_value(k) for k in keys):
+        if not all(is_constant_value(k) or is_identity_hashed(k) for k in keys):
             unsupported(f"dict with non-constant keys at {source.name()}",
                         BreakReason.UNSUPPORTED_TYPE)
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
@@ -188,7 +189,8 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     var = _build_object_model(tx, value, source)
     if var is not None:
         return var
-    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins":
+    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" or \
+            is_slots_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
     from ferrodyn.variables.functions import OpaqueVariable
@@ -218,10 +220,16 @@ def _build_mappingproxy(tx, value, source):
     return DictVariable(source=source, state=state)
 
 
+def _build_lru_wrapper(tx, value, source):
+    from ferrodyn.variables.functools_vars import build_lru_wrapper
+    return build_lru_wrapper(tx, value, source)
+
+
 _OBJECT_MODEL_BUILDERS = {
     operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
     types.MappingProxyType: _build_mappingproxy,
     resume.LoopRest: resume.build_loop_rest,  # a for loop's iterator handed to a resume function
+    functools._lru_cache_wrapper: _build_lru_wrapper,
 }
 
 
@@ -292,6 +300,9 @@ def build_unsourced(value: Any) -> VariableTracker:
     var = _build_constant_object(value, None)
     if var is not None:
         return var
+    if type(value) is functools._lru_cache_wrapper:
+        from ferrodyn.variables.functools_vars import LruCacheVariable
+        return LruCacheVariable(value=value)
     if isinstance(value, types.MethodType):
         return BoundMethodVariable(func=build_unsourced(value.__func__),
                                    obj=build_unsourced(value.__self__))

@@ -196,7 +196,14 @@ def _type(tx, obj, *rest):
     if rest:
         unsupported("type() with 3 arguments", BreakReason.UNSUPPORTED_BUILTIN)
     from ferrodyn.variables.builder import build_unsourced
-    return build_unsourced(_type_of(tx, obj))
+    from ferrodyn.variables.user_objects import ClassVariable, UserObjectVariable
+    v, t = tx.realize(obj), _type_of(tx, obj)
+    var = build_unsourced(t)
+    if isinstance(var, ClassVariable) and isinstance(v, UserObjectVariable) and \
+            v.source is not None:  # (objmodel) reached as type(obj): its attributes guarded
+        from ferrodyn.source import TypeSource
+        return ClassVariable(source=TypeSource(v.source), value=t)
+    return var
 
 
 def _tuple(tx, iterable=None):

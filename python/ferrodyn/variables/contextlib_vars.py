@@ -3,7 +3,7 @@ two halves, up to its `yield` on `__enter__` and from it to its end on `__exit__
 `generators.GeneratorFrame` that is suspended in between (its stack and locals kept).
 
 Owns `GeneratorContextManagerVariable` (what `_GeneratorContextManager(func, args, kwds)`
-makes) and its handler. The exceptional exit (an exception inside the `with` body) stays
+makes) and its handler, and `ExitStackVariable` (`contextlib.ExitStack`, see its docstring). The exceptional exit (an exception inside the `with` body) stays
 refused by WITH_EXCEPT_START; a generator that yields twice or not at all gives up as CPython
 raises RuntimeError. Does not own `with` (symbolic/opcodes_control.py) or user classes with
 `__enter__`/`__exit__` (user_objects.py, inlined as methods).
@@ -104,3 +104,145 @@ def _make(tx, func, args, kwds):
 
 
 HANDLERS = {contextlib._GeneratorContextManager: _make}
+
+
+# ---- contextlib.ExitStack ---------------------------------------------------------------------
+
+@dataclass
+class ExitStackState:
+    # pushed exits, innermost last: ("exit", callable taking (exc_type, exc, tb)) or
+    # ("callback", fn, args, kwargs)
+    exits: list = field(default_factory=list)
+
+
+@dataclass(frozen=True, eq=False)
+class ExitStackVariable(VariableTracker):
+    """`contextlib.ExitStack()` made in the frame: `enter_context` enters any traced context
+    manager (grad mode, autocast, `contextmanager` generators, user classes with
+    `__enter__`/`__exit__`) and keeps its `__exit__`; `callback`, `push` (an exit callable or a
+    context manager's `__exit__`), `pop_all`, `close` and the stack's own `__enter__`/`__exit__`.
+    Exits run innermost first, as CPython's `ExitStack.__exit__` runs them. Only the normal
+    exit is modelled: an exception reaching the stack's `__exit__`, raised by a context
+    manager's `__enter__`, or raised by an exit callback (CPython then runs the remaining exits
+    with it and chains it) is refused; so is the stack escaping the frame (returned, stored),
+    since its pending exits would have to live on."""
+
+    state: ExitStackState = field(default_factory=ExitStackState)
+
+    def python_type(self):
+        return contextlib.ExitStack
+
+    def identity(self):
+        return self.state
+
+    def describe(self):
+        return "contextlib.ExitStack"
+
+    def var_getattr(self, tx, name):
+        if name in _EXIT_STACK_METHODS:
+            return _StackMethod(stack=self, name=name)
+        unsupported(f"attribute {name!r} of an ExitStack", BreakReason.UNSUPPORTED_TYPE)
+
+    def has_attr(self, tx, name):
+        return hasattr(contextlib.ExitStack, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return self.var_getattr(tx, name).call_function(tx, args, kwargs)
+
+    def unwind(self, tx) -> None:
+        """Run the pushed exits, innermost first, with no exception (`close()`)."""
+        none = ConstantVariable(value=None)
+        from ferrodyn.variables.exceptions import TracedException
+        while self.state.exits:
+            entry = self.state.exits.pop()
+            try:
+                if entry[0] == "exit":
+                    tx.realize(entry[1]).call_function(tx, [none, none, none], {})
+                else:
+                    _, fn, args, kwargs = entry
+                    tx.realize(fn).call_function(tx, list(args), dict(kwargs))
+            except TracedException as e:
+                unsupported(f"an ExitStack exit callback raised ({e})", BreakReason.EXCEPTION)
+
+
+def _enter_context(tx, stack, cm):
+    from ferrodyn.variables.exceptions import TracedException
+    cm = tx.realize(cm)
+    exit_fn = cm.var_getattr(tx, "__exit__")  # looked up before entering, as CPython does
+    try:
+        result = cm.call_method(tx, "__enter__", [], {})
+    except TracedException as e:
+        unsupported(f"a context manager's __enter__ raised inside ExitStack.enter_context ({e})",
+                    BreakReason.EXCEPTION)
+    stack.state.exits.append(("exit", exit_fn))
+    return result
+
+
+def _callback(tx, stack, fn, *args, **kwargs):
+    stack.state.exits.append(("callback", fn, tuple(args), dict(kwargs)))
+    return fn
+
+
+def _push(tx, stack, exit_):
+    exit_ = tx.realize(exit_)
+    try:
+        has_exit = exit_.has_attr(tx, "__exit__")
+    except Exception:  # noqa: BLE001  (a tracker that cannot answer: refuse, below)
+        has_exit = None
+    if has_exit is None:
+        unsupported(f"ExitStack.push of {exit_.describe()}", BreakReason.UNSUPPORTED_CALL)
+    stack.state.exits.append(("exit", exit_.var_getattr(tx, "__exit__") if has_exit else exit_))
+    return exit_
+
+
+def _pop_all(tx, stack):
+    new = ExitStackVariable(state=ExitStackState(list(stack.state.exits)))
+    stack.state.exits.clear()
+    return new
+
+
+def _close(tx, stack):
+    stack.unwind(tx)
+    return ConstantVariable(value=None)
+
+
+def _stack_enter(tx, stack):
+    return stack
+
+
+def _stack_exit(tx, stack, *exc):
+    if len(exc) != 3 or any(not (tx.realize(a).is_python_constant() and
+                                 tx.realize(a).as_python_constant() is None) for a in exc):
+        unsupported("ExitStack exit with an exception", BreakReason.EXCEPTION)
+    stack.unwind(tx)
+    return ConstantVariable(value=False)
+
+
+_EXIT_STACK_METHODS = {
+    "__enter__": _stack_enter, "__exit__": _stack_exit, "enter_context": _enter_context,
+    "callback": _callback, "push": _push, "pop_all": _pop_all, "close": _close,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class _StackMethod(VariableTracker):
+    stack: ExitStackVariable = None  # type: ignore[assignment]
+    name: str = ""
+
+    def describe(self):
+        return f"ExitStack.{self.name}"
+
+    def call_function(self, tx, args, kwargs):
+        try:
+            return _EXIT_STACK_METHODS[self.name](tx, self.stack, *args, **kwargs)
+        except TypeError as e:  # wrong arity: eager raises TypeError
+            unsupported(f"ExitStack.{self.name}: {e}", BreakReason.EXCEPTION)
+
+
+def _make_exit_stack(tx, *args, **kwargs):
+    if args or kwargs:
+        unsupported("TypeError: ExitStack() takes no arguments", BreakReason.EXCEPTION)
+    return ExitStackVariable(state=ExitStackState())
+
+
+HANDLERS[contextlib.ExitStack] = _make_exit_stack

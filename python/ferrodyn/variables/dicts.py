@@ -24,6 +24,10 @@ from ferrodyn.variables.constant import ConstantVariable
 
 def dict_key(tx, key: VariableTracker) -> Any:
     key = tx.realize(key)
+    from ferrodyn.variables.user_objects import _ABSENT, identity_dict_key
+    obj = identity_dict_key(tx, key)  # (objmodel) an object keying by identity
+    if obj is not _ABSENT:
+        return obj
     if not key.is_python_constant():
         unsupported(f"dict key {key.describe()}", BreakReason.UNSUPPORTED_TYPE)
     value = key.as_python_constant()
@@ -32,6 +36,21 @@ def dict_key(tx, key: VariableTracker) -> Any:
     except TypeError as e:
         unsupported(str(e), BreakReason.EXCEPTION)
     return value
+
+
+def key_tracker(k: Any) -> VariableTracker:
+    """A key taken out of a dict: a constant (classes, functions and modules included, as
+    always); (objmodel) an object that keys by identity has no source to be rebuilt from:
+    refused."""
+    import types
+    from ferrodyn.variables.constant import is_constant_value
+    if not is_constant_value(k) and not isinstance(k, (type, types.FunctionType, types.ModuleType,
+                                                       types.BuiltinFunctionType)):
+        from ferrodyn.variables.user_objects import is_identity_hashed
+        if is_identity_hashed(k):
+            unsupported(f"a {type(k).__name__} object taken out of a dict as a key",
+                        BreakReason.UNSUPPORTED_TYPE)
+    return ConstantVariable(value=k)
 
 
 def raise_key_error(cls: type, key: Any):
@@ -98,7 +117,7 @@ class DictVariable(VariableTracker):
         return dict_iterator(self, "keys", reverse)
 
     def unpack(self, tx):
-        return [ConstantVariable(value=k) for k in self.state.items]
+        return [key_tracker(k) for k in self.state.items]
 
     def length(self, tx):
         return len(self.state.items)
@@ -183,10 +202,10 @@ def dict_iterator(d: DictVariable, kind: str, reverse: bool = False):
         k = keys[pos[0]]
         pos[0] += 1
         if kind == "keys":
-            return ConstantVariable(value=k)
+            return key_tracker(k)
         if kind == "values":
             return st.items[k]
-        return TupleVariable(items=(ConstantVariable(value=k), st.items[k]))
+        return TupleVariable(items=(key_tracker(k), st.items[k]))
     return IteratorVariable(state=IterState([], step=step))
 
 

@@ -1,14 +1,42 @@
-"""Trackers for the callables of `operator` that hold arguments: `itemgetter`, `attrgetter`,
-`methodcaller`, made in the frame or read from it (guarded by identity; their arguments are
-constants fixed at creation).
+"""Trackers for callables that hold state or arguments: the callables of `operator`
+(`itemgetter`, `attrgetter`, `methodcaller`, made in the frame or read from it, guarded by
+identity; their arguments are constants fixed at creation) and `functools.lru_cache` /
+`functools.cache` wrappers.
 
-Owns `OperatorGetterVariable` and the handlers that make one. Does not own `functools.partial`
-(functions.py) or the plain `operator` functions (builtins.py).
+Owns `OperatorGetterVariable` and the handlers that make one, and `LruCacheVariable`. Does not
+own `functools.partial` (functions.py) or the plain `operator` functions (builtins.py).
+
+The rule for a call of an lru_cache wrapper. CPython's call looks the arguments up in the
+cache: a hit returns the *cached object* (the same object every time: identity matters for a
+mutable result) and runs nothing; a miss runs the body and stores the result. torch.compile
+ignores the cache and traces `__wrapped__`, which runs the body's effects again, hands back a
+new object instead of the cached one, and leaves the cache and its statistics untouched.
+ferrodyn instead makes the call itself, at trace time, with the real cache:
+  - every argument must be a hashable constant (guarded by value through its source) or an
+    object that hashes by identity (guarded by ID_MATCH); anything else — tensors, lists,
+    symbolic ints — is refused (the call runs eagerly at a graph break): whether such a key
+    hits, and which object a hit returns, depends on the cache's contents, which the trace
+    cannot see;
+  - no mutation may be pending in the trace (the body would read state that eager code would
+    have changed first): refused otherwise;
+  - the call is the capturing run's own call (hit or miss exactly as eager, the body's effects
+    once); its result must be an immutable constant, baked into the trace (a mutable cached
+    object, a tensor: refused — the frame then runs eagerly, which costs the cache one more
+    hit, never a wrong value);
+  - compiled re-runs (guards pass: same wrapper, same arguments) return that constant without
+    calling the wrapper, as every eager re-run's cache hit returns it. What they do not do is
+    update the cache's hit count or LRU order, nor see a `cache_clear()` (the wrapper's cache is
+    not guardable): a function whose result for equal arguments changes once its cache is
+    cleared is outside this rule (`ferrodyn.disable` it or keep the call outside the region).
+`cache_info()`, `cache_clear()` and other attributes of the wrapper are refused, except the
+plain function attributes (`__wrapped__`, `__name__`, ...).
 """
 
 from __future__ import annotations
 
+import functools
 import operator
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,3 +134,83 @@ def from_frame_value(value: Any, source) -> OperatorGetterVariable | None:
     if not is_constant_value(args):
         return None
     return OperatorGetterVariable(source=source, kind=kind, args=tuple(args), value=value)
+
+
+# ---- functools.lru_cache / functools.cache wrappers -----------------------------------------
+
+LRU_WRAPPER = functools._lru_cache_wrapper
+_WRAPPER_ATTRS = ("__wrapped__", "__name__", "__qualname__", "__module__", "__doc__")
+_IDENTITY_CONSTANTS = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)
+
+
+def _cache_key_arg(tx, wrapper: "LruCacheVariable", arg: VariableTracker) -> Any:
+    from ferrodyn.variables.user_objects import _ABSENT, identity_dict_key
+    arg = tx.realize(arg)
+    obj = identity_dict_key(tx, arg)
+    if obj is not _ABSENT:
+        return obj
+    if arg.is_python_constant():
+        value = arg.as_python_constant()
+        if is_constant_value(value) or isinstance(value, _IDENTITY_CONSTANTS):
+            return value
+    unsupported(f"call of {wrapper.describe()} with a {arg.describe()} argument (whether the "
+                f"cache hits, and with which object, depends on its contents)",
+                BreakReason.UNSUPPORTED_CALL)
+
+
+@dataclass(frozen=True, eq=False)
+class LruCacheVariable(VariableTracker):
+    """A `functools.lru_cache`/`functools.cache` wrapper (`value`), called by the rule of the
+    module docstring."""
+
+    value: Any = None
+
+    def python_type(self):
+        return type(self.value)
+
+    def identity(self):
+        return ("obj", id(self.value))
+
+    def describe(self):
+        return f"lru_cache-wrapped {getattr(self.value, '__qualname__', '?')}"
+
+    def var_getattr(self, tx, name):
+        if name in _WRAPPER_ATTRS and name in getattr(self.value, "__dict__", {}):
+            from ferrodyn.source import AttrSource
+            from ferrodyn.variables.builder import build
+            return build(tx, getattr(self.value, name),
+                         AttrSource(self.source, name) if self.source is not None else None)
+        unsupported(f"attribute {name!r} of {self.describe()} (the cache is not modelled)",
+                    BreakReason.UNSUPPORTED_CALL)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)
+
+    def call_function(self, tx, args, kwargs):
+        if tx.output.side_effects.has_effects:
+            unsupported(f"call of {self.describe()} while mutations are pending in the trace",
+                        BreakReason.UNSUPPORTED_CALL)
+        pos = [_cache_key_arg(tx, self, a) for a in args]
+        kw = {k: _cache_key_arg(tx, self, v) for k, v in kwargs.items()}
+        try:
+            result = self.value(*pos, **kw)
+        except Exception as e:  # eager raises it: the frame runs eagerly and does
+            unsupported(f"{self.describe()} raised {type(e).__name__}: {e}",
+                        BreakReason.EXCEPTION)
+        if not is_constant_value(result):
+            unsupported(f"{self.describe()} returned a {type(result).__name__} (a cached object "
+                        f"whose identity matters)", BreakReason.UNSUPPORTED_CALL)
+        return ConstantVariable(value=result)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        if self.source is not None:
+            return super().reconstruct(tx)
+        return OutConst(self.value)
+
+
+def build_lru_wrapper(tx, value, source) -> LruCacheVariable:
+    """An lru_cache wrapper read from the frame: guarded by identity."""
+    from ferrodyn.guard_spec import GuardKind
+    tx.output.install_guard(source, GuardKind.ID_MATCH, value)
+    return LruCacheVariable(source=source, value=value)

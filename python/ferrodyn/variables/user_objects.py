@@ -8,13 +8,17 @@ type, then the instance `__dict__`, then methods / class attributes, with Source
 instance dict directly, `DictOf(obj)['name']`), then a Python `__getattr__`; `__setattr__`,
 `__setitem__`, `__delitem__` overrides of new objects inlined; builtin slots found on the class
 bound to the instance; `super()` (zero-arg, two-arg, in classmethods); dataclass / namedtuple
-reconstruction.
+reconstruction; objects with `__slots__` only (members read through their descriptors, each
+read guarded by its source); objects that key dicts by identity (`identity_dict_key`).
+Class-attribute stores are checked in class_attrs.py (lookups here consult its pending values
+first); torch.nn modules built in the frame, in nn_construct.py.
 Does not own nn.Module specifics (nn_module.py) or the builtin types (builtins.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +49,11 @@ def _lazy(value, source):
     return lazy(value, source)
 
 
+def pending_class_attr(tx, cls: type, name: str) -> VariableTracker | None:
+    from ferrodyn.variables.class_attrs import pending_class_attr as pending
+    return pending(tx, cls, name)
+
+
 def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr: Any,
                        self_tracker: VariableTracker | None) -> VariableTracker:
     """A class attribute seen through an instance (`self_tracker`) or through the class."""
@@ -55,7 +64,8 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
     if isinstance(attr, classmethod):
         fn = _lazy(attr.__func__, _sub(src, lambda s: AttrSource(s, "__func__")))
         return BoundMethodVariable(func=fn, obj=ClassVariable(source=cls_source, value=cls))
-    if isinstance(attr, types.FunctionType) and self_tracker is not None:
+    if isinstance(attr, (types.FunctionType, functools._lru_cache_wrapper)) and \
+            self_tracker is not None:  # (an lru_cache wrapper binds like a function)
         return BoundMethodVariable(func=_lazy(attr, src), obj=self_tracker)
     if isinstance(attr, property) and self_tracker is not None:
         if attr.fget is None:
@@ -152,6 +162,10 @@ class ObjectLike(VariableTracker):
         cls = self.obj_type()
         if name == "__class__":
             return ClassVariable(source=self.type_source(), value=cls)
+        pending = pending_class_attr(tx, cls, name)
+        if pending is not None:  # a plain value stored on the class in this trace
+            inst = self.instance_attr(tx, name)
+            return inst if inst is not None else pending
         attr = lookup_class_attr(cls, name)
         is_data_descr = attr is not _ABSENT and (
             isinstance(attr, property) or hasattr(type(attr), "__set__"))
@@ -214,7 +228,8 @@ class ObjectLike(VariableTracker):
         override = self._override("__getattribute__")
         if override is not None:
             return self._probe_override(tx, cls, override, name)
-        if lookup_class_attr(cls, name) is not _ABSENT:
+        if lookup_class_attr(cls, name) is not _ABSENT or \
+                pending_class_attr(tx, cls, name) is not None:
             return True
         found = self.instance_attr(tx, name) is not None or \
             self.fallback_attr(tx, name) is not None
@@ -318,6 +333,15 @@ class UserObjectVariable(ObjectLike):
         return None
 
     def has_attr(self, tx, name):
+        member = lookup_class_attr(type(self.value), name)
+        if isinstance(member, types.MemberDescriptorType) and \
+                self._override("__getattribute__") is None:
+            # a `__slots__` member: present only once assigned (absence cannot be guarded)
+            if not hasattr(self.value, name) or self.source is None:
+                unsupported(f"hasattr on the unset (or unsourced) slot {name!r} of a "
+                            f"{type(self.value).__name__} object", BreakReason.UNSUPPORTED_TYPE)
+            tx.realize(self.descriptor_attr(tx, name))  # guards the member's value
+            return True
         found = super().has_attr(tx, name)
         if not found and self.source is not None:
             self.guard_absence(tx)
@@ -379,8 +403,26 @@ class UserObjectVariable(ObjectLike):
         self.plain_setattr_check(tx, name, "del")
         self.record_delete(tx, name)
 
+    def _dict_tracker(self, tx):
+        """The dict tracker of this object's `__dict__` when the trace already holds one
+        (`obj.__dict__` was read as a dict): it is then the one truth for the attributes."""
+        d = getattr(self.value, "__dict__", None)
+        as_dict = tx.output.side_effects.tracked(d, None) if isinstance(d, dict) else None
+        return as_dict if as_dict is not None and hasattr(as_dict, "state") else None
+
     def record_store(self, tx, name, value):
+        from ferrodyn.side_effects import DELETED
         from ferrodyn.trace_result import OutSource
+        as_dict = self._dict_tracker(tx)
+        if as_dict is not None:
+            # `object.__setattr__` without a descriptor is `obj.__dict__[name] = value`: the
+            # store goes to the dict tracker (recorded and replayed as that dict's mutation)
+            key = ConstantVariable(value=name)
+            if value is DELETED:
+                as_dict.delitem(tx, key)
+            else:
+                as_dict.setitem(tx, key, value)
+            return
         src = self.source
         tx.output.side_effects.store_attr(self.value, lambda tx: OutSource(src), name, value)
 
@@ -410,12 +452,13 @@ class NewObjectVariable(ObjectLike):
 
     cls: type = object
     state: ObjState = field(default_factory=lambda: ObjState({}))
+    cls_source: Source | None = None  # where the class was reached (class attributes guarded)
 
     def obj_type(self):
         return self.cls
 
     def type_source(self):
-        return None
+        return self.cls_source
 
     def identity(self):
         return self.state
@@ -498,6 +541,9 @@ class NamedTupleVariable(TupleVariable):
         fields = self._fields()
         if name in fields:
             return self.items[fields.index(name)]
+        pending = pending_class_attr(tx, self.cls, name)
+        if pending is not None:
+            return pending
         attr = lookup_class_attr(self.cls, name)
         if attr is not _ABSENT and not isinstance(attr, types.MemberDescriptorType):
             return class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr,
@@ -530,6 +576,45 @@ class NamedTupleVariable(TupleVariable):
         return OutCall(self.cls._make, (OutTuple(items),))
 
 
+def is_identity_hashed(value: Any) -> bool:
+    """`value` hashes and compares by identity (its type keeps object's `__hash__`/`__eq__`:
+    classes without a metaclass override, functions, `typing.Union`...): as a dict key it can
+    be held as the object itself, and the DICT_KEYS guard matches it by identity."""
+    t = type(value)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+
+
+def identity_dict_key(tx, key: VariableTracker) -> Any:
+    """The object behind `key` when it can key a dict by identity (an object from the frame
+    whose type hashes by identity), its identity guarded (ID_MATCH: a lookup's outcome depends
+    on which object it is); `_ABSENT` otherwise."""
+    if not isinstance(key, UserObjectVariable) or not is_identity_hashed(key.value):
+        return _ABSENT
+    if key.source is None:
+        unsupported(f"a {type(key.value).__name__} object of unknown origin as a dict key",
+                    BreakReason.UNSUPPORTED_TYPE)
+    from ferrodyn.guard_spec import GuardKind
+    tx.output.install_guard(key.source, GuardKind.ID_MATCH, key.value)
+    return key.value
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined by a class statement
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE (3.10+): a type whose attributes are fixed
+
+
+def is_slots_class(cls: Any) -> bool:
+    """Instances of `cls` keep their attributes in `__slots__` members only (no `__dict__`):
+    every class of its MRO but `object` is a Python class that declares `__slots__`
+    (`dataclasses.Field`, `@dataclass(slots=True)` classes). Such an object is read through its
+    member descriptors (`descriptor_attr`), each read guarded by its source."""
+    if not isinstance(cls, type) or issubclass(cls, (type, BaseException, tuple)):
+        return False
+    mro = cls.__mro__
+    return mro[-1] is object and len(mro) > 1 and all(
+        k.__flags__ & _HEAPTYPE and "__slots__" in vars(k) and "__dict__" not in vars(k)
+        for k in mro[:-1])
+
+
 def is_namedtuple_class(cls: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
 
@@ -555,6 +640,9 @@ class ClassVariable(VariableTracker):
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(value=getattr(self.value, name))
+        pending = pending_class_attr(tx, self.value, name)
+        if pending is not None:
+            return pending
         attr = lookup_class_attr(self.value, name)
         if attr is _ABSENT:
             unsupported(f"AttributeError: class {self.value.__name__} has no {name!r}",
@@ -562,17 +650,22 @@ class ClassVariable(VariableTracker):
         return class_attr_tracker(tx, self.value, self.source, name, attr, None)
 
     def has_attr(self, tx, name):
-        return hasattr(self.value, name)
+        return pending_class_attr(tx, self.value, name) is not None or hasattr(self.value, name)
 
     def call_function(self, tx, args, kwargs):
-        return construct_instance(tx, self.value, args, kwargs, self.source)
+        return construct_instance(tx, self.value, args, kwargs, cls_source=self.source)
+
+    def setattr(self, tx, name, value):
+        from ferrodyn.variables.class_attrs import store_on_class
+        store_on_class(tx, self, name, value)
 
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         return OutConst(self.value) if self.source is None else super().reconstruct(tx)
 
 
-def construct_instance(tx, cls: type, args, kwargs, cls_source=None) -> VariableTracker:
+def construct_instance(tx, cls: type, args, kwargs,
+                       cls_source: Source | None = None) -> VariableTracker:
     """`cls(*args, **kwargs)` for a user class: namedtuples are built directly; other classes
     get a new object and their `__init__` inlined."""
     import torch
@@ -587,6 +680,10 @@ def construct_instance(tx, cls: type, args, kwargs, cls_source=None) -> Variable
     from ferrodyn.variables import exceptions
     if exceptions.can_make(cls):
         return exceptions.make(tx, cls, args, kwargs)
+    from ferrodyn.variables.nn_construct import (
+        construct_stateless_torch_module, is_stateless_torch_module_class)
+    if issubclass(cls, torch.nn.Module) and is_stateless_torch_module_class(cls):
+        return construct_stateless_torch_module(tx, cls, args, kwargs)
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         unsupported(f"creating a {cls.__name__} inside the traced code",
                     BreakReason.UNSUPPORTED_CALL)
@@ -596,7 +693,7 @@ def construct_instance(tx, cls: type, args, kwargs, cls_source=None) -> Variable
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
             type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
-    obj = NewObjectVariable(cls=cls, state=ObjState({}))
+    obj = NewObjectVariable(cls=cls, state=ObjState({}), cls_source=cls_source)
     init = lookup_class_attr(cls, "__init__")
     if init is object.__init__:
         if args or kwargs:
@@ -631,6 +728,9 @@ class SuperVariable(VariableTracker):
             unsupported(f"TypeError: super({self.cls.__name__}, obj): obj is not an instance "
                         f"or subtype", BreakReason.EXCEPTION)
         for klass in mro[mro.index(self.cls) + 1:]:
+            pending = tx.output.side_effects.pending_class_attr(klass, name)
+            if pending is not None:
+                return pending
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if attr is object.__init__ and inst is not None:
