@@ -229,6 +229,16 @@ def test_threads_inserting_and_killing_keys_in_one_dictionary():
     d = fweak.WeakIdKeyDictionary()
     errors = []
 
+    def snapshot_keys():
+        # Other threads insert and kill keys meanwhile: as with a dict (and torch.utils.weak's
+        # dictionaries), an iteration that sees the size change raises and is simply retried.
+        while True:
+            try:
+                return list(d.keys())
+            except RuntimeError as e:
+                if "changed size during iteration" not in str(e):
+                    raise
+
     def worker(seed):
         rnd = random.Random(seed)
         mine = []
@@ -241,7 +251,7 @@ def test_threads_inserting_and_killing_keys_in_one_dictionary():
                     d[k] = (seed, i)
                     mine.append(k)
                 if i % 500 == 0:
-                    for k in list(d.keys()):
+                    for k in snapshot_keys():
                         assert k in d
             for k in mine:
                 assert d[k][0] == seed

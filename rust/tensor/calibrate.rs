@@ -513,7 +513,7 @@ mod tests {
         let mut sizes = n(FIELDS | SIZES | PAD);
         sizes[5] &= !PAD;
         let free: Vec<u32> = (0..MIN_POLICY_SAMPLES as u32)
-            .map(|i| FIELDS | (i % 2) * PAD)
+            .map(|i| FIELDS | ((i % 2) * PAD))
             .collect();
         assert_eq!(policy_mask(&[("sizes", sizes)], &free), Ok(SIZES));
     }
