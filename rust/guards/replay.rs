@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use super::access::Access;
 use super::consts::Const;
 use super::leaves::{Leaf, LeafKind};
-use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, INLINE_SYMS, PLAN_TENSORS};
+use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
 use super::tree::Node;
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
@@ -244,7 +244,7 @@ fn check_shape(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<bool> {
     for (d, o) in dims.iter_mut().zip(&objs[..plan.tensors.len()]) {
         *d = crate::ffi::tensor::read_dims(o.as_ref()?, keys)?;
     }
-    let mut buf = [0i64; INLINE_SYMS];
+    let mut buf = [0i64; PLAN_SYMS];
     for (v, r) in buf.iter_mut().zip(&plan.reads) {
         *v = match *r {
             PlanRead::Size { t, dim } => {

@@ -84,6 +84,10 @@ pub(crate) const INLINE_SYMS: usize = 16;
 /// Distinct tensors a [`ReadPlan`] reads the sizes and strides of, at most.
 pub(crate) const PLAN_TENSORS: usize = 8;
 
+/// Symbols a [`ReadPlan`] reads into its stack buffer, at most (three 3-d tensors' sizes and
+/// strides are 18).
+pub(crate) const PLAN_SYMS: usize = 48;
+
 /// How the replay path reads every symbol of a leaf: each distinct tensor's sizes and strides
 /// once (`tensors`: node indices), then each symbol as an index into them.
 pub(crate) struct ReadPlan {
@@ -103,9 +107,9 @@ pub(crate) enum PlanRead {
 
 impl ReadPlan {
     /// None where the leaf has a symbol only the Python API reads (storage offsets), more than
-    /// `INLINE_SYMS` symbols or more than `PLAN_TENSORS` tensors.
+    /// `PLAN_SYMS` symbols or more than `PLAN_TENSORS` tensors.
     fn of(bindings: &[Binding]) -> Option<ReadPlan> {
-        if bindings.len() > INLINE_SYMS {
+        if bindings.len() > PLAN_SYMS {
             return None;
         }
         let mut tensors: Vec<usize> = Vec::new();
