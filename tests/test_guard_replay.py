@@ -248,6 +248,42 @@ def test_shape_guards_replay_as_the_full_path():
     assert fd.count == tc.count
 
 
+def test_shape_guards_over_many_symbols_replay_as_the_full_path():
+    # Three 3-d tensors: 18 size/stride symbols in one leaf, each tensor's dims read once.
+    def f(q, k, v, n):
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v * n
+
+    fd, tc = CountingBackend(), CountingBackend()
+    opt = ferrodyn.compile(f, backend=fd, dynamic=True)
+    ref = torch.compile(f, backend=tc, dynamic=True)
+
+    def inputs(b, m, length, d, n=2, lv=None):
+        return (torch.randn(b, m, d), torch.randn(b, length, d),
+                torch.randn(b, length if lv is None else lv, d), n)
+
+    first = inputs(2, 1, 5, 8)
+    torch.testing.assert_close(opt(*first), f(*first))
+    torch.testing.assert_close(ref(*first), f(*first))
+    (entry,) = _C.cache_entries(f.__code__)
+    tree = entry.guards
+    assert tree.replayable
+    cases = [inputs(2, 1, 9, 8), inputs(3, 1, 4, 6, n=5), inputs(2, 3, 9, 8), inputs(1, 1, 9, 8),
+             inputs(2, 1, 9, 8, lv=7), inputs(2, 1, 1, 8), inputs(2, 1, 9, 8, n=2.5)]
+    q, k, v, n = inputs(2, 1, 9, 8)
+    cases.append((q, k, torch.randn(8, 9, 2).permute(2, 1, 0), n))  # other strides
+    cases.append((q, torch.randn(2, 8, 9).transpose(1, 2), v, n))
+    decided = set()
+    for args in cases:
+        r = tree._replay(args)
+        assert r in (None, tree._full_check(args))
+        decided.add(r)
+        if args[1].shape[1] == args[2].shape[1]:
+            torch.testing.assert_close(opt(*args), f(*args))
+            torch.testing.assert_close(ref(*args), f(*args))
+    assert {True, False} <= decided
+    assert fd.count == tc.count
+
+
 def test_dict_version_tags_move_with_every_mutation():
     d = {}
     seen = {_C._dict_version(d)}

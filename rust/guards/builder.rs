@@ -358,11 +358,7 @@ impl GuardBuilder {
                 name: read.name(&node.source),
             });
         }
-        let leaf = ShapeLeaf {
-            prog: super::symexpr::Program::compile(&parsed),
-            expr: parsed,
-            bindings,
-        };
+        let leaf = ShapeLeaf::new(parsed, bindings);
         let text = leaf.text();
         let depth = leaf
             .bindings

@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use super::access::Access;
 use super::consts::Const;
 use super::leaves::{Leaf, LeafKind};
-use super::shape_leaf::{ShapeLeaf, SymRead};
+use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
 use super::tree::Node;
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
@@ -227,9 +227,43 @@ fn read_child(node: &Node, parent: Val) -> Option<Val> {
     Some(v.addr())
 }
 
-/// A symbolic-shape leaf over the replayed values: each tensor's sizes and strides are read
-/// once (up to `TENSORS` tensors, then per symbol); None when a symbol cannot be read raw.
+/// A symbolic-shape leaf over the replayed values, by its [`ReadPlan`]: each tensor's sizes
+/// and strides are borrowed once, each symbol is an index into them; None when a symbol cannot
+/// be read raw.
 fn check_shape(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<bool> {
+    let Some(plan) = &s.plan else {
+        return check_shape_by_symbol(py, s, memo);
+    };
+    let keys = crate::tensor::torch(py).ok()?.cal.non_plain_keys;
+    let mut objs = [None; PLAN_TENSORS];
+    for (o, &n) in objs.iter_mut().zip(&plan.tensors) {
+        *o = Some(as_obj(memo[n])?.bound(py));
+    }
+    let empty: (&[i64], &[i64]) = (&[], &[]);
+    let mut dims = [empty; PLAN_TENSORS];
+    for (d, o) in dims.iter_mut().zip(&objs[..plan.tensors.len()]) {
+        *d = crate::ffi::tensor::read_dims(o.as_ref()?, keys)?;
+    }
+    let mut buf = [0i64; PLAN_SYMS];
+    for (v, r) in buf.iter_mut().zip(&plan.reads) {
+        *v = match *r {
+            PlanRead::Size { t, dim } => {
+                let xs = dims[t].0;
+                xs[crate::tensor::dim_index(dim, xs.len())?]
+            }
+            PlanRead::Stride { t, dim } => {
+                let xs = dims[t].1;
+                xs[crate::tensor::dim_index(dim, xs.len())?]
+            }
+            PlanRead::Int { node } => as_obj(memo[node])?.exact_int()?,
+        };
+    }
+    Some(s.prog.holds(&buf[..plan.reads.len()]))
+}
+
+/// [`check_shape`] without a plan: each tensor's sizes and strides are read once (up to
+/// `TENSORS` tensors, then per symbol).
+fn check_shape_by_symbol(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<bool> {
     const TENSORS: usize = 8;
     let mut nodes = [usize::MAX; TENSORS];
     let mut dims = [[0i64; 16]; TENSORS];

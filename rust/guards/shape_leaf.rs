@@ -74,12 +74,75 @@ pub(crate) struct ShapeLeaf {
     /// `expr` compiled for the hot path (same outcome as `expr.holds`).
     pub prog: Program,
     pub bindings: Vec<Binding>,
+    /// The replay path's reading plan (None: it reads symbol by symbol).
+    pub plan: Option<ReadPlan>,
 }
 
 /// Bindings read into a stack buffer up to this many symbols.
 pub(crate) const INLINE_SYMS: usize = 16;
 
+/// Distinct tensors a [`ReadPlan`] reads the sizes and strides of, at most.
+pub(crate) const PLAN_TENSORS: usize = 8;
+
+/// Symbols a [`ReadPlan`] reads into its stack buffer, at most (three 3-d tensors' sizes and
+/// strides are 18).
+pub(crate) const PLAN_SYMS: usize = 48;
+
+/// How the replay path reads every symbol of a leaf: each distinct tensor's sizes and strides
+/// once (`tensors`: node indices), then each symbol as an index into them.
+pub(crate) struct ReadPlan {
+    pub tensors: Vec<usize>,
+    pub reads: Vec<PlanRead>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum PlanRead {
+    /// `size()[dim]` of `tensors[t]`.
+    Size { t: usize, dim: i64 },
+    /// `stride()[dim]` of `tensors[t]`.
+    Stride { t: usize, dim: i64 },
+    /// The exact Python int at this node.
+    Int { node: usize },
+}
+
+impl ReadPlan {
+    /// None where the leaf has a symbol only the Python API reads (storage offsets), more than
+    /// `PLAN_SYMS` symbols or more than `PLAN_TENSORS` tensors.
+    fn of(bindings: &[Binding]) -> Option<ReadPlan> {
+        if bindings.len() > PLAN_SYMS {
+            return None;
+        }
+        let mut tensors: Vec<usize> = Vec::new();
+        let mut reads = Vec::with_capacity(bindings.len());
+        for b in bindings {
+            let mut slot = || match tensors.iter().position(|&n| n == b.node) {
+                Some(t) => t,
+                None => {
+                    tensors.push(b.node);
+                    tensors.len() - 1
+                }
+            };
+            reads.push(match b.read {
+                SymRead::Size(dim) => PlanRead::Size { t: slot(), dim },
+                SymRead::Stride(dim) => PlanRead::Stride { t: slot(), dim },
+                SymRead::Int => PlanRead::Int { node: b.node },
+                SymRead::StorageOffset => return None,
+            });
+        }
+        (tensors.len() <= PLAN_TENSORS).then_some(ReadPlan { tensors, reads })
+    }
+}
+
 impl ShapeLeaf {
+    pub(crate) fn new(expr: Expr, bindings: Vec<Binding>) -> ShapeLeaf {
+        ShapeLeaf {
+            prog: Program::compile(&expr),
+            plan: ReadPlan::of(&bindings),
+            expr,
+            bindings,
+        }
+    }
+
     fn names(&self) -> Vec<String> {
         self.bindings.iter().map(|b| b.name.clone()).collect()
     }

@@ -390,8 +390,47 @@ pub struct Program {
 
 #[derive(Clone, Debug)]
 enum Conjunct {
+    /// The common shapes of a `ShapeEnv` guard (`s0 == s1`, `2 <= s0`, `s2 == s0 * s1`),
+    /// evaluated without a stack.
+    Cmp(Cmp, Term, Term),
     Flat(Vec<Op>),
     Tree(Expr),
+}
+
+/// An operand of a [`Conjunct::Cmp`].
+#[derive(Clone, Copy, Debug)]
+enum Term {
+    Int(i64),
+    Sym(usize),
+    /// The product of two symbols.
+    MulSyms(usize, usize),
+    /// A constant times a symbol.
+    MulInt(i64, usize),
+}
+
+impl Term {
+    fn of(e: &Expr) -> Option<Term> {
+        Some(match e {
+            Expr::Int(v) => Term::Int(*v),
+            Expr::Sym(k) => Term::Sym(*k),
+            Expr::NAry(NAry::Mul, xs) => match xs.as_slice() {
+                [Expr::Sym(a), Expr::Sym(b)] => Term::MulSyms(*a, *b),
+                [Expr::Int(c), Expr::Sym(k)] | [Expr::Sym(k), Expr::Int(c)] => Term::MulInt(*c, *k),
+                _ => return None,
+            },
+            _ => return None,
+        })
+    }
+
+    #[inline(always)]
+    fn eval(self, syms: &[i64]) -> Option<i64> {
+        match self {
+            Term::Int(v) => Some(v),
+            Term::Sym(k) => syms.get(k).copied(),
+            Term::MulSyms(a, b) => syms.get(a)?.checked_mul(*syms.get(b)?),
+            Term::MulInt(c, k) => c.checked_mul(*syms.get(k)?),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -417,6 +456,11 @@ impl Program {
         let conjuncts = parts
             .into_iter()
             .map(|x| {
+                if let Expr::Cmp(op, a, b) = x {
+                    if let (Some(a), Some(b)) = (Term::of(a), Term::of(b)) {
+                        return Conjunct::Cmp(*op, a, b);
+                    }
+                }
                 let mut ops = Vec::new();
                 let mut depth = 0;
                 let mut max = 0;
@@ -433,9 +477,13 @@ impl Program {
     /// Whether every conjunct holds (same outcome as `Expr::holds` of the whole expression).
     #[inline]
     pub fn holds(&self, syms: &[i64]) -> bool {
-        self.conjuncts.iter().all(|c| match c {
-            Conjunct::Flat(ops) => matches!(run(ops, syms), Some(v) if v != 0),
-            Conjunct::Tree(e) => e.holds(syms),
+        self.conjuncts.iter().all(|c| match *c {
+            Conjunct::Cmp(op, a, b) => match (a.eval(syms), b.eval(syms)) {
+                (Some(a), Some(b)) => op.holds(a, b),
+                _ => false,
+            },
+            Conjunct::Flat(ref ops) => matches!(run(ops, syms), Some(v) if v != 0),
+            Conjunct::Tree(ref e) => e.holds(syms),
         })
     }
 }
@@ -616,6 +664,17 @@ mod tests {
     }
 
     #[test]
+    fn comparison_forms_fail_on_overflow() {
+        for t in ["eq s0 mul:2 s1 s2", "ne mul:2 s1 s2 s0", "ge mul:2 3 s1 0"] {
+            let e = Expr::parse(t).unwrap();
+            let p = Program::compile(&e);
+            for syms in [[0, i64::MAX, 2], [0, i64::MIN, -1], [6, 2, 3], [5, 2, 3]] {
+                assert_eq!(p.holds(&syms), e.holds(&syms), "{t} on {syms:?}");
+            }
+        }
+    }
+
+    #[test]
     fn symbols() {
         let e = Expr::parse("eq mul:2 s0 s2 s0").unwrap();
         assert_eq!(e.symbols().into_iter().collect::<Vec<_>>(), vec![0, 2]);
@@ -632,6 +691,16 @@ mod tests {
             "eq add:3 s0 s1 9223372036854775807 0",
             "ge min:2 s0 s1 floordiv s2 -3",
             "true",
+            // the stackless comparison forms
+            "eq s0 s1",
+            "le 2 s0",
+            "gt s2 -3",
+            "eq s2 mul:2 s0 s1",
+            "ne mul:2 s1 4 s0",
+            "lt mul:2 -3 s2 mul:2 s0 s1",
+            "and:3 le 2 s0 eq s1 mul:2 s0 s2 ge s2 s1",
+            "eq s5 1",
+            "eq s0 mul:2 s1 s7",
         ];
         let mut seed = 12345u64;
         for t in texts {
