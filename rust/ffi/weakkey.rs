@@ -51,6 +51,16 @@ impl<T> GilRef<T> {
     }
 }
 
+impl<T> GilRef<T> {
+    /// Whether another reference to the object exists, so that releasing this one cannot
+    /// deallocate it (the GIL is held by the caller, so no other thread changes the count).
+    #[inline]
+    pub fn is_shared(&self) -> bool {
+        // SAFETY: the object is live (we own a reference); reading its count is a field read.
+        unsafe { ffi::Py_REFCNT(self.0.as_ptr()) > 1 }
+    }
+}
+
 impl<T> std::ops::Deref for GilRef<T> {
     type Target = Py<T>;
     #[inline]

@@ -33,6 +33,14 @@ impl Placed for Entry {
     fn place(&self, slot: usize) {
         weakkey::set_slot(&self.wr, slot);
     }
+
+    /// Releasing the weakref runs no Python code (a weakref's deallocation only unlinks it and
+    /// releases its callback, the dictionary's builtin function); releasing the value does not
+    /// when someone else still holds it.
+    #[inline]
+    fn quiet_drop(&self) -> bool {
+        self.value.is_shared()
+    }
 }
 
 /// How keys are identified.

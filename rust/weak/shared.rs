@@ -75,9 +75,15 @@ impl<E> Trash<E> {
 
 /// Drop removed entries (after the lock is released), iteratively rather than recursively when
 /// dropping one entry removes others.
-pub fn drop_unlocked<E: 'static>(trash: Trash<E>) {
-    if matches!(trash, Trash::Empty) {
-        return;
+pub fn drop_unlocked<E: Placed + 'static>(trash: Trash<E>) {
+    match trash {
+        Trash::Empty => return,
+        // nothing can cascade from this drop: no thread-local bookkeeping
+        Trash::One(e) if e.quiet_drop() => {
+            drop(e);
+            return;
+        }
+        _ => {}
     }
     if DROPPING.with(|d| d.get()) {
         DEFERRED.with(|q| q.borrow_mut().push(Box::new(trash)));

@@ -66,6 +66,13 @@ impl Hasher for IdHasher {
 /// must not run Python code.
 pub trait Placed {
     fn place(&self, slot: usize);
+
+    /// Whether dropping this entry now would run no code of the owner's users (no `__del__`, no
+    /// other key's death), so the owner may drop it without its cascade bookkeeping.
+    #[inline]
+    fn quiet_drop(&self) -> bool {
+        false
+    }
 }
 
 /// One live slot.
@@ -274,8 +281,20 @@ impl<E: Placed> Table<E> {
             }
         }
         if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS {
-            self.rebuild_index();
+            self.drop_stale_index_entries();
         }
+    }
+
+    /// Drop the index entries whose slot no longer holds their key, in place (slots have not
+    /// moved, so every live slot's entry is already right: no re-insertion, no rehash).
+    fn drop_stale_index_entries(&mut self) {
+        if self.live == 0 {
+            self.index.clear();
+            return;
+        }
+        let slots = &self.slots;
+        self.index
+            .retain(|&k, &mut i| matches!(slots.get(i), Some(Some(s)) if s.key == k));
     }
 
     fn rebuild_index(&mut self) {
