@@ -53,10 +53,53 @@ pub enum KeyMode {
 }
 
 /// What a dead key's weakref callback needs to find its dictionary (one per dictionary; the
-/// callback is a builtin function bound to it, see `weakkey::key_died_callback`).
+/// callback is a builtin function bound to it, see `weakkey::key_died_callback`). It holds the
+/// table itself (not a `Weak`: a death then costs no upgrade); the cycle this makes (table ->
+/// entry -> weakref -> callback -> remover -> table) is broken by the last `Owner`, which
+/// empties the table when it goes.
 #[pyclass(module = "ferrodyn._C", name = "_WeakRemover", frozen)]
 pub struct PyWeakRemover {
-    shared: std::sync::Weak<Shared<Entry>>,
+    shared: Arc<Shared<Entry>>,
+}
+
+/// A hold on a dictionary's entries by the dictionary (`Core`) or one of its iterators. When the
+/// last one goes, the table is emptied (its values released, `__del__`s run after unlocking), as
+/// dropping the table itself did when only these held it.
+pub struct Owner(Arc<Shared<Entry>>);
+
+impl Owner {
+    fn new(shared: Arc<Shared<Entry>>) -> Owner {
+        shared.add_owner();
+        Owner(shared)
+    }
+}
+
+impl Clone for Owner {
+    fn clone(&self) -> Owner {
+        Owner::new(self.0.clone())
+    }
+}
+
+impl std::ops::Deref for Owner {
+    type Target = Arc<Shared<Entry>>;
+    #[inline]
+    fn deref(&self) -> &Arc<Shared<Entry>> {
+        &self.0
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.0.release_owner() {
+            // values' `__del__`s may insert again (into a table nobody can reach any more): repeat
+            // until empty; `Busy` cannot happen (no locked section runs Python code)
+            while let Ok(true) = self.0.with(|t| {
+                let had = !t.is_empty();
+                t.clear();
+                had
+            }) {}
+        }
+    }
 }
 
 /// A key died: remove its entry (`slot`, weakref address `refid`) from the dictionary of
@@ -66,13 +109,11 @@ pub fn on_key_death(remover: pyo3::Borrowed<'_, '_, PyAny>, slot: usize, refid: 
     let Ok(remover) = remover.cast::<PyWeakRemover>() else {
         return;
     };
-    if let Some(shared) = remover.get().shared.upgrade() {
-        shared.remove_dead(slot, refid);
-    }
+    remover.get().shared.remove_dead(slot, refid);
 }
 
 pub struct Core {
-    pub shared: Arc<Shared<Entry>>,
+    pub shared: Owner,
     /// The callback of every weakref this dictionary makes (bound to its `PyWeakRemover`).
     callback: Py<PyAny>,
     /// `KeyMode::Hash` when set; changed only by `__init__` (`set_mode`) while the table is empty.
@@ -135,12 +176,12 @@ impl Core {
         let remover = Bound::new(
             py,
             PyWeakRemover {
-                shared: Arc::downgrade(&shared),
+                shared: shared.clone(),
             },
         )?;
         let callback = weakkey::key_died_callback(remover.as_any())?.unbind();
         Ok(Core {
-            shared,
+            shared: Owner::new(shared),
             callback,
             hash_mode: AtomicBool::new(mode == KeyMode::Hash),
             strict,

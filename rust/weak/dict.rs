@@ -6,7 +6,7 @@
 //! keys held weakly, `keys()`/`values()`/`items()` returning one-shot iterators, `__eq__` against
 //! any Mapping by key identity, `|`, `|=`, `copy`, `deepcopy`, `keyrefs()`, TypeError for keys that
 //! cannot be weakly referenced (except `in`, which answers False).
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError};
 use pyo3::gc::{PyTraverseError, PyVisit};
@@ -14,8 +14,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping, PyTuple, PyType, PyWeakrefMethods};
 
-use super::core::{fix_weakref, Core, Entry, KeyMode};
-use super::shared::Shared;
+use super::core::{fix_weakref, Core, KeyMode, Owner};
 
 /// `ref_type` -> key mode: torch's `WeakIdRef` (or None) compares by identity, `_WeakHashRef` by
 /// `hash()`. torch.utils.weak is imported only when a ref_type is given (torch is then loaded).
@@ -423,7 +422,7 @@ struct IterState {
 /// adding or removing keys explicitly meanwhile raises RuntimeError (as dict iteration does).
 #[pyclass(module = "ferrodyn._C", name = "WeakDictIterator", frozen)]
 pub struct PyWeakDictIterator {
-    shared: Arc<Shared<Entry>>,
+    shared: Owner,
     state: Mutex<IterState>,
     kind: IterKind,
     /// The table's size-change count when iteration started.
@@ -431,7 +430,7 @@ pub struct PyWeakDictIterator {
 }
 
 impl PyWeakDictIterator {
-    fn new(shared: &Arc<Shared<Entry>>, kind: IterKind) -> PyResult<Self> {
+    fn new(shared: &Owner, kind: IterKind) -> PyResult<Self> {
         let expected = shared.with(|t| t.size_changes()).map_err(|_| {
             PyRuntimeError::new_err(
                 "ferrodyn weak dictionary re-entered while its table was locked",

@@ -33,6 +33,8 @@ pub struct Shared<E> {
     pending: Mutex<Vec<(usize, usize)>>,
     has_pending: AtomicBool,
     iterators: AtomicUsize,
+    /// Holders that keep the entries alive (the dictionary, its iterators: `core::Owner`).
+    owners: AtomicUsize,
 }
 
 impl<E: Placed> Default for Shared<E> {
@@ -42,6 +44,7 @@ impl<E: Placed> Default for Shared<E> {
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             iterators: AtomicUsize::new(0),
+            owners: AtomicUsize::new(0),
         }
     }
 }
@@ -145,6 +148,16 @@ impl<E: Placed + 'static> Shared<E> {
     /// Removals queued while the table was busy, not yet applied.
     pub fn pending_count(&self) -> usize {
         lock_ignoring_poison(&self.pending).len()
+    }
+
+    /// One more holder of the entries.
+    pub fn add_owner(&self) {
+        self.owners.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One holder less; true when it was the last one.
+    pub fn release_owner(&self) -> bool {
+        self.owners.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// An iterator started: slot indices must stay put until `end_iteration`.
