@@ -14,8 +14,9 @@
 //!   outermost drop loop, so a long chain of dying keys never nests deeper than one level (no
 //!   C-stack overflow however long the chain).
 //!
-//! Owned by the dictionary object and by each of its iterators (`Arc`); weakref callbacks hold a
-//! `Weak` so a dead dictionary is not kept alive by the weakrefs it created.
+//! Owned by the dictionary object and by each of its iterators, and by the weakrefs' callback
+//! (`Arc`s): the last of the dictionary and its iterators empties the table (`core::Owner`), so
+//! what the weakrefs keep alive after their dictionary died is an empty table.
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
