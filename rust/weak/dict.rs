@@ -86,7 +86,7 @@ impl PyWeakIdKeyDictionary {
         ref_type: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let mode = mode_of(py, ref_type)?;
-        self.core.reset(mode)?;
+        self.core.reset(py, mode)?;
         let given = ref_type
             .filter(|r| !r.is_none())
             .map(|r| r.clone().unbind());
@@ -117,7 +117,7 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn iter(slf: &Bound<'_, Self>, kind: IterKind) -> PyResult<PyWeakDictIterator> {
-        PyWeakDictIterator::new(&slf.get().core.shared, kind)
+        PyWeakDictIterator::new(slf.py(), &slf.get().core.shared, kind)
     }
 }
 
@@ -166,8 +166,8 @@ impl PyWeakIdKeyDictionary {
         }
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        self.core.len()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.core.len(py)
     }
 
     fn __getitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
@@ -246,8 +246,8 @@ impl PyWeakIdKeyDictionary {
         Ok(())
     }
 
-    fn clear(&self) -> PyResult<()> {
-        self.core.clear()
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        self.core.clear(py)
     }
 
     fn keys(slf: &Bound<'_, Self>) -> PyResult<PyWeakDictIterator> {
@@ -374,7 +374,7 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn __clear__(&self) {
-        let _ = self.core.clear();
+        let _ = Python::attach(|py| self.core.clear(py));
     }
 }
 
@@ -430,8 +430,8 @@ pub struct PyWeakDictIterator {
 }
 
 impl PyWeakDictIterator {
-    fn new(shared: &Owner, kind: IterKind) -> PyResult<Self> {
-        let expected = shared.with(|t| t.size_changes()).map_err(|_| {
+    fn new(py: Python<'_>, shared: &Owner, kind: IterKind) -> PyResult<Self> {
+        let expected = shared.with(py, |t| t.size_changes()).map_err(|_| {
             PyRuntimeError::new_err(
                 "ferrodyn weak dictionary re-entered while its table was locked",
             )
@@ -488,7 +488,7 @@ impl PyWeakDictIterator {
         };
         let step = self
             .shared
-            .with(|t| {
+            .with(py, |t| {
                 if t.size_changes() != self.expected {
                     return Step::Changed;
                 }
