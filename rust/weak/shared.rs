@@ -1,7 +1,9 @@
 //! `Shared`: a `Table` behind a lock that is never held while Python code runs, plus the queue of
 //! removals deferred while it is held, and the count of live iterators.
 //!
-//! Pure Rust (no pyo3). The discipline that makes the weak dictionaries re-entrant:
+//! Entries are generic (no Python objects named here); the lock is a `GilLock`
+//! (rust/ffi/weakkey.rs), so taking it asks for a `Python` token (the GIL held) and costs no atomic
+//! instruction. The discipline that makes the weak dictionaries re-entrant:
 //! - `with` runs a closure on the locked table; the closure may only touch the table and bump
 //!   reference counts (no Python calls, no object creation, no drops of Python objects);
 //! - everything the closure removes lands in `Table::trash`, which `with` drops after the lock is
