@@ -225,6 +225,45 @@ def test_dictionary_dying_before_its_keys(impl):
     assert all(r() is None for r in refs)
 
 
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+def test_dictionary_released_by_refcount_alone_releases_its_values(impl):
+    # ferrodyn's table is also held by the weakrefs' callback (so a death needs no upgrade): the
+    # dictionary going must still release every value at once, without the collector
+    keys = [Obj(i) for i in range(40)]
+    vals = [Obj() for _ in range(40)]
+    probes = [weakref.ref(v) for v in vals]
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        d = IMPLS[impl](zip(keys, vals))
+        del vals
+        del d
+        assert all(p() is None for p in probes)
+        keys.clear()
+    finally:
+        if was:
+            gc.enable()
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+def test_iterator_outliving_its_dictionary_keeps_the_entries(impl):
+    keys = [Obj(i) for i in range(30)]
+    vals = [Obj(i) for i in range(30)]
+    probes = [weakref.ref(v) for v in vals]
+    d = IMPLS[impl](zip(keys, vals))
+    it = iter(d.items())
+    first = next(it)
+    del vals, d
+    gc.collect()
+    assert all(p() is not None for p in probes), "the iterator holds the entries"
+    del keys[20:]  # keys dying while only the iterator holds the entries
+    got = [first] + list(it)
+    assert [(k.tag, v.tag) for k, v in got] == [(i, i) for i in range(20)]
+    del got, first, it
+    gc.collect()
+    assert all(p() is None for p in probes)
+
+
 def test_threads_inserting_and_killing_keys_in_one_dictionary():
     d = fweak.WeakIdKeyDictionary()
     errors = []

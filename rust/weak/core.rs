@@ -33,6 +33,14 @@ impl Placed for Entry {
     fn place(&self, slot: usize) {
         weakkey::set_slot(&self.wr, slot);
     }
+
+    /// Releasing the weakref runs no Python code (a weakref's deallocation only unlinks it and
+    /// releases its callback, the dictionary's builtin function); releasing the value does not
+    /// when someone else still holds it.
+    #[inline]
+    fn quiet_drop(&self) -> bool {
+        self.value.is_shared()
+    }
 }
 
 /// How keys are identified.
@@ -45,10 +53,55 @@ pub enum KeyMode {
 }
 
 /// What a dead key's weakref callback needs to find its dictionary (one per dictionary; the
-/// callback is a builtin function bound to it, see `weakkey::key_died_callback`).
+/// callback is a builtin function bound to it, see `weakkey::key_died_callback`). It holds the
+/// table itself (not a `Weak`: a death then costs no upgrade); the cycle this makes (table ->
+/// entry -> weakref -> callback -> remover -> table) is broken by the last `Owner`, which
+/// empties the table when it goes.
 #[pyclass(module = "ferrodyn._C", name = "_WeakRemover", frozen)]
 pub struct PyWeakRemover {
-    shared: std::sync::Weak<Shared<Entry>>,
+    shared: Arc<Shared<Entry>>,
+}
+
+/// A hold on a dictionary's entries by the dictionary (`Core`) or one of its iterators. When the
+/// last one goes, the table is emptied (its values released, `__del__`s run after unlocking), as
+/// dropping the table itself did when only these held it.
+pub struct Owner(Arc<Shared<Entry>>);
+
+impl Owner {
+    fn new(shared: Arc<Shared<Entry>>) -> Owner {
+        shared.add_owner();
+        Owner(shared)
+    }
+}
+
+impl Clone for Owner {
+    fn clone(&self) -> Owner {
+        Owner::new(self.0.clone())
+    }
+}
+
+impl std::ops::Deref for Owner {
+    type Target = Arc<Shared<Entry>>;
+    #[inline]
+    fn deref(&self) -> &Arc<Shared<Entry>> {
+        &self.0
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.0.release_owner() {
+            // values' `__del__`s may insert again (into a table nobody can reach any more): repeat
+            // until empty; `Busy` cannot happen (no locked section runs Python code)
+            Python::attach(|py| {
+                while let Ok(true) = self.0.with(py, |t| {
+                    let had = !t.is_empty();
+                    t.clear();
+                    had
+                }) {}
+            });
+        }
+    }
 }
 
 /// A key died: remove its entry (`slot`, weakref address `refid`) from the dictionary of
@@ -58,13 +111,11 @@ pub fn on_key_death(remover: pyo3::Borrowed<'_, '_, PyAny>, slot: usize, refid: 
     let Ok(remover) = remover.cast::<PyWeakRemover>() else {
         return;
     };
-    if let Some(shared) = remover.get().shared.upgrade() {
-        shared.remove_dead(slot, refid);
-    }
+    remover.get().shared.remove_dead(remover.py(), slot, refid);
 }
 
 pub struct Core {
-    pub shared: Arc<Shared<Entry>>,
+    pub shared: Owner,
     /// The callback of every weakref this dictionary makes (bound to its `PyWeakRemover`).
     callback: Py<PyAny>,
     /// `KeyMode::Hash` when set; changed only by `__init__` (`set_mode`) while the table is empty.
@@ -127,12 +178,12 @@ impl Core {
         let remover = Bound::new(
             py,
             PyWeakRemover {
-                shared: Arc::downgrade(&shared),
+                shared: shared.clone(),
             },
         )?;
         let callback = weakkey::key_died_callback(remover.as_any())?.unbind();
         Ok(Core {
-            shared,
+            shared: Owner::new(shared),
             callback,
             hash_mode: AtomicBool::new(mode == KeyMode::Hash),
             strict,
@@ -154,16 +205,20 @@ impl Core {
     }
 
     /// Empty the dictionary and set how keys are identified (`__init__`).
-    pub fn reset(&self, mode: KeyMode) -> PyResult<()> {
-        self.clear()?;
+    pub fn reset(&self, py: Python<'_>, mode: KeyMode) -> PyResult<()> {
+        self.clear(py)?;
         self.hash_mode
             .store(mode == KeyMode::Hash, Ordering::Relaxed);
         Ok(())
     }
 
     #[inline]
-    fn locked<R>(&self, f: impl FnOnce(&mut super::table::Table<Entry>) -> R) -> PyResult<R> {
-        self.shared.with(f).map_err(|_| busy())
+    fn locked<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut super::table::Table<Entry>) -> R,
+    ) -> PyResult<R> {
+        self.shared.with(py, f).map_err(|_| busy())
     }
 
     /// The table key of `key` (may run `__hash__` in hash mode).
@@ -205,18 +260,18 @@ impl Core {
         Ok(())
     }
 
-    pub fn len(&self) -> PyResult<usize> {
-        self.locked(|t| t.len())
+    pub fn len(&self, py: Python<'_>) -> PyResult<usize> {
+        self.locked(py, |t| t.len())
     }
 
-    pub fn is_empty(&self) -> PyResult<bool> {
-        self.len().map(|n| n == 0)
+    pub fn is_empty(&self, py: Python<'_>) -> PyResult<bool> {
+        self.len(py).map(|n| n == 0)
     }
 
     pub fn get(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         let py = key.py();
         let k = self.lookup_key(key)?;
-        let v = self.locked(|t| {
+        let v = self.locked(py, |t| {
             t.get(k)
                 .filter(|e| self.matches(py, e, key))
                 .map(|e| e.value.clone_ref(py))
@@ -244,7 +299,7 @@ impl Core {
                 Err(e) => return Err(e),
             },
         };
-        self.locked(|t| t.get(k).is_some_and(|e| self.matches(py, e, key)))
+        self.locked(py, |t| t.get(k).is_some_and(|e| self.matches(py, e, key)))
     }
 
     /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`);
@@ -258,7 +313,7 @@ impl Core {
         let py = key.py();
         let k = self.lookup_key(key)?;
         // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
-        let hit = self.locked(|t| match t.get_mut(k) {
+        let hit = self.locked(py, |t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => Some(if overwrite {
                 (
                     std::mem::replace(&mut e.value, GilRef::new(value.clone().unbind())),
@@ -280,7 +335,7 @@ impl Core {
             value: GilRef::new(value.clone().unbind()),
         };
         // 3. insert, unless that code inserted the key meanwhile.
-        let (now, _unused) = self.locked(|t| match t.get_mut(k) {
+        let (now, _unused) = self.locked(py, |t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => {
                 if overwrite {
                     let old =
@@ -306,7 +361,7 @@ impl Core {
     pub fn remove(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         let py = key.py();
         let k = self.lookup_key(key)?;
-        let v = self.locked(|t| {
+        let v = self.locked(py, |t| {
             if !t.get(k).is_some_and(|e| self.matches(py, e, key)) {
                 return None;
             }
@@ -323,7 +378,7 @@ impl Core {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Py<PyAny>)>> {
-        let item = self.locked(|t| loop {
+        let item = self.locked(py, |t| loop {
             let (k, key) = match t.last() {
                 None => return None,
                 Some(s) => (s.key, s.entry.wr.bind(py).upgrade()),
@@ -346,8 +401,8 @@ impl Core {
 
     /// Remove every entry; values are dropped after the table is already empty. Entries that
     /// their `__del__`s insert meanwhile are removed too (torch's `clear()` pops until empty).
-    pub fn clear(&self) -> PyResult<()> {
-        while self.locked(|t| {
+    pub fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        while self.locked(py, |t| {
             let had = !t.is_empty();
             t.clear();
             had
@@ -357,7 +412,7 @@ impl Core {
 
     /// Strong references to every live (key, value), in insertion order.
     pub fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyAny>, Py<PyAny>)>> {
-        let items = self.locked(|t| {
+        let items = self.locked(py, |t| {
             t.iter()
                 .filter_map(|s| {
                     s.entry
@@ -376,7 +431,7 @@ impl Core {
 
     /// The weakrefs of the keys (`keyrefs()`), in insertion order.
     pub fn keyrefs(&self, py: Python<'_>) -> PyResult<Vec<Py<PyWeakrefReference>>> {
-        self.locked(|t| t.iter().map(|s| s.entry.wr.clone_ref(py)).collect())
+        self.locked(py, |t| t.iter().map(|s| s.entry.wr.clone_ref(py)).collect())
     }
 
     /// Every entry of `other` (a mapping, anything with `items()`, or what `dict()` accepts).
@@ -397,7 +452,7 @@ impl Core {
     /// Traversal for the garbage collector: every value and weakref the table owns.
     pub fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         self.shared
-            .try_peek(|t| {
+            .try_peek_in_traverse(visit, |t| {
                 for s in t.iter() {
                     visit.call(&*s.entry.value)?;
                     visit.call(&*s.entry.wr)?;

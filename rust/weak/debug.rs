@@ -26,7 +26,7 @@ fn _debug_weak_table<'py>(d: &Bound<'py, PyWeakIdKeyDictionary>) -> PyResult<Bou
     let shared = &d.get().core.shared;
     let out = PyDict::new(d.py());
     let (len, slots, index) = shared
-        .try_peek(|t| (t.len(), t.slot_count(), t.index_len()))
+        .try_peek(d.py(), |t| (t.len(), t.slot_count(), t.index_len()))
         .ok_or_else(|| PyAssertionError::new_err("table locked"))?;
     out.set_item("len", len)?;
     out.set_item("slots", slots)?;
@@ -43,7 +43,7 @@ fn _debug_weak_check(d: &Bound<'_, PyWeakIdKeyDictionary>) -> PyResult<()> {
         .get()
         .core
         .shared
-        .try_peek(|t| {
+        .try_peek(d.py(), |t| {
             t.check_invariants()?;
             let mut from = 0;
             while let Some((i, s)) = t.next_live(from) {

@@ -6,7 +6,7 @@
 //! keys held weakly, `keys()`/`values()`/`items()` returning one-shot iterators, `__eq__` against
 //! any Mapping by key identity, `|`, `|=`, `copy`, `deepcopy`, `keyrefs()`, TypeError for keys that
 //! cannot be weakly referenced (except `in`, which answers False).
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError};
 use pyo3::gc::{PyTraverseError, PyVisit};
@@ -14,8 +14,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping, PyTuple, PyType, PyWeakrefMethods};
 
-use super::core::{fix_weakref, Core, Entry, KeyMode};
-use super::shared::Shared;
+use super::core::{fix_weakref, Core, KeyMode, Owner};
 
 /// `ref_type` -> key mode: torch's `WeakIdRef` (or None) compares by identity, `_WeakHashRef` by
 /// `hash()`. torch.utils.weak is imported only when a ref_type is given (torch is then loaded).
@@ -87,7 +86,7 @@ impl PyWeakIdKeyDictionary {
         ref_type: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let mode = mode_of(py, ref_type)?;
-        self.core.reset(mode)?;
+        self.core.reset(py, mode)?;
         let given = ref_type
             .filter(|r| !r.is_none())
             .map(|r| r.clone().unbind());
@@ -118,7 +117,7 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn iter(slf: &Bound<'_, Self>, kind: IterKind) -> PyResult<PyWeakDictIterator> {
-        PyWeakDictIterator::new(&slf.get().core.shared, kind)
+        PyWeakDictIterator::new(slf.py(), &slf.get().core.shared, kind)
     }
 }
 
@@ -167,8 +166,8 @@ impl PyWeakIdKeyDictionary {
         }
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        self.core.len()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.core.len(py)
     }
 
     fn __getitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
@@ -247,8 +246,8 @@ impl PyWeakIdKeyDictionary {
         Ok(())
     }
 
-    fn clear(&self) -> PyResult<()> {
-        self.core.clear()
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        self.core.clear(py)
     }
 
     fn keys(slf: &Bound<'_, Self>) -> PyResult<PyWeakDictIterator> {
@@ -375,7 +374,7 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn __clear__(&self) {
-        let _ = self.core.clear();
+        let _ = Python::attach(|py| self.core.clear(py));
     }
 }
 
@@ -423,7 +422,7 @@ struct IterState {
 /// adding or removing keys explicitly meanwhile raises RuntimeError (as dict iteration does).
 #[pyclass(module = "ferrodyn._C", name = "WeakDictIterator", frozen)]
 pub struct PyWeakDictIterator {
-    shared: Arc<Shared<Entry>>,
+    shared: Owner,
     state: Mutex<IterState>,
     kind: IterKind,
     /// The table's size-change count when iteration started.
@@ -431,8 +430,8 @@ pub struct PyWeakDictIterator {
 }
 
 impl PyWeakDictIterator {
-    fn new(shared: &Arc<Shared<Entry>>, kind: IterKind) -> PyResult<Self> {
-        let expected = shared.with(|t| t.size_changes()).map_err(|_| {
+    fn new(py: Python<'_>, shared: &Owner, kind: IterKind) -> PyResult<Self> {
+        let expected = shared.with(py, |t| t.size_changes()).map_err(|_| {
             PyRuntimeError::new_err(
                 "ferrodyn weak dictionary re-entered while its table was locked",
             )
@@ -489,7 +488,7 @@ impl PyWeakDictIterator {
         };
         let step = self
             .shared
-            .with(|t| {
+            .with(py, |t| {
                 if t.size_changes() != self.expected {
                     return Step::Changed;
                 }

@@ -1,7 +1,9 @@
 //! `Shared`: a `Table` behind a lock that is never held while Python code runs, plus the queue of
 //! removals deferred while it is held, and the count of live iterators.
 //!
-//! Pure Rust (no pyo3). The discipline that makes the weak dictionaries re-entrant:
+//! Entries are generic (no Python objects named here); the lock is a `GilLock`
+//! (rust/ffi/weakkey.rs), so taking it asks for a `Python` token (the GIL held) and costs no atomic
+//! instruction. The discipline that makes the weak dictionaries re-entrant:
 //! - `with` runs a closure on the locked table; the closure may only touch the table and bump
 //!   reference counts (no Python calls, no object creation, no drops of Python objects);
 //! - everything the closure removes lands in `Table::trash`, which `with` drops after the lock is
@@ -14,12 +16,17 @@
 //!   outermost drop loop, so a long chain of dying keys never nests deeper than one level (no
 //!   C-stack overflow however long the chain).
 //!
-//! Owned by the dictionary object and by each of its iterators (`Arc`); weakref callbacks hold a
-//! `Weak` so a dead dictionary is not kept alive by the weakrefs it created.
+//! Owned by the dictionary object and by each of its iterators, and by the weakrefs' callback
+//! (`Arc`s): the last of the dictionary and its iterators empties the table (`core::Owner`), so
+//! what the weakrefs keep alive after their dictionary died is an empty table.
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::Python;
+
+use crate::ffi::weakkey::GilLock;
 
 use super::table::{Placed, Table};
 
@@ -28,20 +35,23 @@ use super::table::{Placed, Table};
 pub struct Busy;
 
 pub struct Shared<E> {
-    table: Mutex<Table<E>>,
+    table: GilLock<Table<E>>,
     /// (slot, refid) of deaths that found the table locked.
     pending: Mutex<Vec<(usize, usize)>>,
     has_pending: AtomicBool,
     iterators: AtomicUsize,
+    /// Holders that keep the entries alive (the dictionary, its iterators: `core::Owner`).
+    owners: AtomicUsize,
 }
 
 impl<E: Placed> Default for Shared<E> {
     fn default() -> Self {
         Shared {
-            table: Mutex::new(Table::default()),
+            table: GilLock::default(),
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             iterators: AtomicUsize::new(0),
+            owners: AtomicUsize::new(0),
         }
     }
 }
@@ -75,9 +85,15 @@ impl<E> Trash<E> {
 
 /// Drop removed entries (after the lock is released), iteratively rather than recursively when
 /// dropping one entry removes others.
-pub fn drop_unlocked<E: 'static>(trash: Trash<E>) {
-    if matches!(trash, Trash::Empty) {
-        return;
+pub fn drop_unlocked<E: Placed + 'static>(trash: Trash<E>) {
+    match trash {
+        Trash::Empty => return,
+        // nothing can cascade from this drop: no thread-local bookkeeping
+        Trash::One(e) if e.quiet_drop() => {
+            drop(e);
+            return;
+        }
+        _ => {}
     }
     if DROPPING.with(|d| d.get()) {
         DEFERRED.with(|q| q.borrow_mut().push(Box::new(trash)));
@@ -103,12 +119,10 @@ fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<E: Placed + 'static> Shared<E> {
     /// Run `f` on the locked table; entries it removed are dropped after unlocking.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Table<E>) -> R) -> Result<R, Busy> {
+    pub fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Table<E>) -> R) -> Result<R, Busy> {
         let (r, trash) = {
-            let mut t = match self.table.try_lock() {
-                Ok(t) => t,
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(TryLockError::WouldBlock) => return Err(Busy),
+            let Some(mut t) = self.table.try_lock(py) else {
+                return Err(Busy);
             };
             if self.has_pending.load(Ordering::Acquire) {
                 self.has_pending.store(false, Ordering::Release);
@@ -127,8 +141,8 @@ impl<E: Placed + 'static> Shared<E> {
 
     /// A key died: remove the entry of weakref `refid`, placed at `slot`, now, or later if the
     /// table is busy. Returns true when it was applied now.
-    pub fn remove_dead(&self, slot: usize, refid: usize) -> bool {
-        if self.with(|t| t.remove_dead(slot, refid)).is_ok() {
+    pub fn remove_dead(&self, py: Python<'_>, slot: usize, refid: usize) -> bool {
+        if self.with(py, |t| t.remove_dead(slot, refid)).is_ok() {
             return true;
         }
         lock_ignoring_poison(&self.pending).push((slot, refid));
@@ -139,6 +153,16 @@ impl<E: Placed + 'static> Shared<E> {
     /// Removals queued while the table was busy, not yet applied.
     pub fn pending_count(&self) -> usize {
         lock_ignoring_poison(&self.pending).len()
+    }
+
+    /// One more holder of the entries.
+    pub fn add_owner(&self) {
+        self.owners.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One holder less; true when it was the last one.
+    pub fn release_owner(&self) -> bool {
+        self.owners.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// An iterator started: slot indices must stay put until `end_iteration`.
@@ -156,18 +180,24 @@ impl<E: Placed + 'static> Shared<E> {
 
     /// Everything, for the garbage collector's traversal: `None` if the table is busy (then the
     /// collector sees fewer references, which only keeps objects alive).
-    pub fn try_peek<R>(&self, f: impl FnOnce(&Table<E>) -> R) -> Option<R> {
-        match self.table.try_lock() {
-            Ok(t) => Some(f(&t)),
-            Err(TryLockError::Poisoned(p)) => Some(f(&p.into_inner())),
-            Err(TryLockError::WouldBlock) => None,
-        }
+    pub fn try_peek<R>(&self, py: Python<'_>, f: impl FnOnce(&Table<E>) -> R) -> Option<R> {
+        self.table.try_lock(py).map(|t| f(&t))
+    }
+
+    /// `try_peek` inside the garbage collector's traversal (no `Python` token there).
+    pub fn try_peek_in_traverse<R>(
+        &self,
+        visit: &pyo3::PyVisit<'_>,
+        f: impl FnOnce(&Table<E>) -> R,
+    ) -> Option<R> {
+        self.table.try_lock_in_traverse(visit).map(|t| f(&t))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pyo3::Python;
     use std::sync::Arc;
     use std::sync::Mutex as StdMutex;
 
@@ -185,15 +215,17 @@ mod tests {
 
     impl Drop for Probe {
         fn drop(&mut self) {
-            let shared = self.shared.upgrade().expect("shared alive");
-            let free = shared.try_peek(|_| ()).is_some();
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("drop {} unlocked={free}", self.name));
-            if let Some((slot, r)) = self.on_drop {
-                shared.remove_dead(slot, r);
-            }
+            Python::attach(|py| {
+                let shared = self.shared.upgrade().expect("shared alive");
+                let free = shared.try_peek(py, |_| ()).is_some();
+                self.log
+                    .lock()
+                    .unwrap()
+                    .push(format!("drop {} unlocked={free}", self.name));
+                if let Some((slot, r)) = self.on_drop {
+                    shared.remove_dead(py, slot, r);
+                }
+            })
         }
     }
 
@@ -213,130 +245,150 @@ mod tests {
 
     #[test]
     fn entries_are_dropped_after_unlocking_and_may_cascade() {
-        let s: Arc<Shared<Probe>> = Arc::new(Shared::default());
-        let log = Arc::new(StdMutex::new(Vec::new()));
-        // dropping a's entry kills b's key, whose entry kills c's key
-        let (a, b, c) = (
-            probe(&s, &log, "a", Some((1, 2))),
-            probe(&s, &log, "b", Some((2, 3))),
-            probe(&s, &log, "c", None),
-        );
-        s.with(|t| {
-            t.insert_new(10, 1, a);
-            t.insert_new(20, 2, b);
-            t.insert_new(30, 3, c);
+        Python::initialize();
+        Python::attach(|py| {
+            let s: Arc<Shared<Probe>> = Arc::new(Shared::default());
+            let log = Arc::new(StdMutex::new(Vec::new()));
+            // dropping a's entry kills b's key, whose entry kills c's key
+            let (a, b, c) = (
+                probe(&s, &log, "a", Some((1, 2))),
+                probe(&s, &log, "b", Some((2, 3))),
+                probe(&s, &log, "c", None),
+            );
+            s.with(py, |t| {
+                t.insert_new(10, 1, a);
+                t.insert_new(20, 2, b);
+                t.insert_new(30, 3, c);
+            })
+            .unwrap();
+            s.with(py, |t| {
+                t.remove(10, true);
+            })
+            .unwrap();
+            assert_eq!(
+                *log.lock().unwrap(),
+                [
+                    "drop a unlocked=true",
+                    "drop b unlocked=true",
+                    "drop c unlocked=true"
+                ]
+            );
+            assert_eq!(s.with(py, |t| t.len()).unwrap(), 0);
         })
-        .unwrap();
-        s.with(|t| {
-            t.remove(10, true);
-        })
-        .unwrap();
-        assert_eq!(
-            *log.lock().unwrap(),
-            [
-                "drop a unlocked=true",
-                "drop b unlocked=true",
-                "drop c unlocked=true"
-            ]
-        );
-        assert_eq!(s.with(|t| t.len()).unwrap(), 0);
     }
 
     #[test]
     fn long_cascades_are_dropped_iteratively() {
-        thread_local!(static DEPTH: Cell<usize> = const { Cell::new(0) });
-        thread_local!(static MAX_DEPTH: Cell<usize> = const { Cell::new(0) });
-        struct Link {
-            shared: std::sync::Weak<Shared<Link>>,
-            next: Option<usize>,
-            /// Where each link was placed (compaction moves them as the cascade goes).
-            placed: Arc<Vec<AtomicUsize>>,
-            me: usize,
-        }
-        impl Placed for Link {
-            fn place(&self, slot: usize) {
-                self.placed[self.me].store(slot, Ordering::Relaxed);
+        Python::initialize();
+        Python::attach(|py| {
+            thread_local!(static DEPTH: Cell<usize> = const { Cell::new(0) });
+            thread_local!(static MAX_DEPTH: Cell<usize> = const { Cell::new(0) });
+            struct Link {
+                shared: std::sync::Weak<Shared<Link>>,
+                next: Option<usize>,
+                /// Where each link was placed (compaction moves them as the cascade goes).
+                placed: Arc<Vec<AtomicUsize>>,
+                me: usize,
             }
-        }
-        impl Drop for Link {
-            fn drop(&mut self) {
-                let d = DEPTH.with(|d| d.get()) + 1;
-                DEPTH.with(|x| x.set(d));
-                MAX_DEPTH.with(|m| m.set(m.get().max(d)));
-                if let (Some(r), Some(s)) = (self.next, self.shared.upgrade()) {
-                    s.remove_dead(self.placed[r].load(Ordering::Relaxed), r);
+            impl Placed for Link {
+                fn place(&self, slot: usize) {
+                    self.placed[self.me].store(slot, Ordering::Relaxed);
                 }
-                DEPTH.with(|x| x.set(d - 1));
             }
-        }
-        let s: Arc<Shared<Link>> = Arc::new(Shared::default());
-        let n = 100_000;
-        let placed: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
-        s.with(|t| {
-            for i in 0..n {
-                let next = (i + 1 < n).then_some(i + 1);
-                t.insert_new(
-                    i as u64,
-                    i,
-                    Link {
-                        shared: Arc::downgrade(&s),
-                        next,
-                        placed: placed.clone(),
-                        me: i,
-                    },
-                );
+            impl Drop for Link {
+                fn drop(&mut self) {
+                    let d = DEPTH.with(|d| d.get()) + 1;
+                    DEPTH.with(|x| x.set(d));
+                    MAX_DEPTH.with(|m| m.set(m.get().max(d)));
+                    if let (Some(r), Some(s)) = (self.next, self.shared.upgrade()) {
+                        Python::attach(|py| {
+                            s.remove_dead(py, self.placed[r].load(Ordering::Relaxed), r)
+                        });
+                    }
+                    DEPTH.with(|x| x.set(d - 1));
+                }
             }
+            let s: Arc<Shared<Link>> = Arc::new(Shared::default());
+            let n = 100_000;
+            let placed: Arc<Vec<AtomicUsize>> =
+                Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+            s.with(py, |t| {
+                for i in 0..n {
+                    let next = (i + 1 < n).then_some(i + 1);
+                    t.insert_new(
+                        i as u64,
+                        i,
+                        Link {
+                            shared: Arc::downgrade(&s),
+                            next,
+                            placed: placed.clone(),
+                            me: i,
+                        },
+                    );
+                }
+            })
+            .unwrap();
+            s.remove_dead(py, 0, 0);
+            assert_eq!(s.with(py, |t| t.len()).unwrap(), 0);
+            assert_eq!(MAX_DEPTH.with(|m| m.get()), 1);
         })
-        .unwrap();
-        s.remove_dead(0, 0);
-        assert_eq!(s.with(|t| t.len()).unwrap(), 0);
-        assert_eq!(MAX_DEPTH.with(|m| m.get()), 1);
     }
 
     #[test]
     fn removal_while_busy_is_deferred_then_applied() {
-        let s: Arc<Shared<u32>> = Arc::new(Shared::default());
-        s.with(|t| {
-            t.insert_new(1, 11, 1);
-            t.insert_new(2, 22, 2);
-        })
-        .unwrap();
-        let applied = s
-            .with(|t| {
-                // a callback firing while the table is locked
-                let now = s.remove_dead(0, 11);
-                (now, t.len())
+        Python::initialize();
+        Python::attach(|py| {
+            let s: Arc<Shared<u32>> = Arc::new(Shared::default());
+            s.with(py, |t| {
+                t.insert_new(1, 11, 1);
+                t.insert_new(2, 22, 2);
             })
             .unwrap();
-        assert_eq!(applied, (false, 2));
-        assert_eq!(s.pending_count(), 1);
-        assert_eq!(
-            s.with(|t| t.len()).unwrap(),
-            1,
-            "applied by the next with()"
-        );
-        assert_eq!(s.pending_count(), 0);
+            let applied = s
+                .with(py, |t| {
+                    // a callback firing while the table is locked
+                    let now = s.remove_dead(py, 0, 11);
+                    (now, t.len())
+                })
+                .unwrap();
+            assert_eq!(applied, (false, 2));
+            assert_eq!(s.pending_count(), 1);
+            assert_eq!(
+                s.with(py, |t| t.len()).unwrap(),
+                1,
+                "applied by the next with()"
+            );
+            assert_eq!(s.pending_count(), 0);
+        })
     }
 
     #[test]
     fn reentrant_with_is_refused_not_deadlocked() {
-        let s: Shared<u32> = Shared::default();
-        let inner = s.with(|_| s.with(|_| ())).unwrap();
-        assert_eq!(inner, Err(Busy));
+        Python::initialize();
+        Python::attach(|py| {
+            let s: Shared<u32> = Shared::default();
+            let inner = s.with(py, |_| s.with(py, |_| ())).unwrap();
+            assert_eq!(inner, Err(Busy));
+        })
     }
 
     #[test]
     fn no_compaction_while_iterating() {
-        let s: Shared<u32> = Shared::default();
-        s.with(|t| (0..64).for_each(|k| t.insert_new(k, k as usize, k as u32)))
+        Python::initialize();
+        Python::attach(|py| {
+            let s: Shared<u32> = Shared::default();
+            s.with(py, |t| {
+                (0..64).for_each(|k| t.insert_new(k, k as usize, k as u32))
+            })
             .unwrap();
-        s.begin_iteration();
-        for r in 0..60 {
-            s.remove_dead(r, r);
-        }
-        assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 64));
-        s.end_iteration();
-        s.with(|_| ()).unwrap(); // compaction happens as a locked section ends
-        assert_eq!(s.with(|t| (t.len(), t.slot_count())).unwrap(), (4, 4));
+            s.begin_iteration();
+            for r in 0..60 {
+                s.remove_dead(py, r, r);
+            }
+            assert_eq!(s.with(py, |t| (t.len(), t.slot_count())).unwrap(), (4, 64));
+            s.end_iteration();
+            s.with(py, |_| ()).unwrap(); // compaction happens as a locked section ends
+            assert_eq!(s.with(py, |t| (t.len(), t.slot_count())).unwrap(), (4, 4));
+        })
     }
 }

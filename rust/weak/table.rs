@@ -9,8 +9,8 @@
 //! key's death (the hot removal) names its slot and `remove_dead` only checks that the slot still
 //! holds that weakref (`refid`): no hash probe. The key's `index` entry is left behind, stale, and
 //! every lookup through `index` checks that the slot it names is live and holds that key. Stale
-//! entries are dropped when the index is rebuilt, at a fixed ratio of stale to live entries (so
-//! their number stays bounded). Iterators walk slot indices, so slots never move while an
+//! entries are dropped in place (`HashMap::retain`, nothing re-inserted) at a fixed ratio of stale
+//! to live entries (so their number stays bounded), and with every rebuild after compaction. Iterators walk slot indices, so slots never move while an
 //! iterator is alive; compaction (dropping tombstones) only happens when the caller says no
 //! iterator exists.
 //!
@@ -66,6 +66,13 @@ impl Hasher for IdHasher {
 /// must not run Python code.
 pub trait Placed {
     fn place(&self, slot: usize);
+
+    /// Whether dropping this entry now would run no code of the owner's users (no `__del__`, no
+    /// other key's death), so the owner may drop it without its cascade bookkeeping.
+    #[inline]
+    fn quiet_drop(&self) -> bool {
+        false
+    }
 }
 
 /// One live slot.
@@ -251,8 +258,9 @@ impl<E: Placed> Table<E> {
 
     /// Drop tombstones when `allowed` (no iterator holds a slot index) and they are worth it:
     /// trailing ones always, the rest at `COMPACT_RATIO`. The index is rebuilt
-    /// (without stale entries) whenever slots move, and otherwise at the same ratio of stale to
-    /// live entries (slots stay put for that, so it is done even while iterators exist).
+    /// (without stale entries) whenever slots move; otherwise its stale entries are dropped in
+    /// place at the same ratio of stale to live entries (slots stay put for that, so it is done
+    /// even while iterators exist).
     pub fn maybe_compact(&mut self, allowed: bool) {
         if allowed {
             while matches!(self.slots.last(), Some(None)) {
@@ -274,8 +282,20 @@ impl<E: Placed> Table<E> {
             }
         }
         if self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS {
-            self.rebuild_index();
+            self.drop_stale_index_entries();
         }
+    }
+
+    /// Drop the index entries whose slot no longer holds their key, in place (slots have not
+    /// moved, so every live slot's entry is already right: no re-insertion, no rehash).
+    fn drop_stale_index_entries(&mut self) {
+        if self.live == 0 {
+            self.index.clear();
+            return;
+        }
+        let slots = &self.slots;
+        self.index
+            .retain(|&k, &mut i| matches!(slots.get(i), Some(Some(s)) if s.key == k));
     }
 
     fn rebuild_index(&mut self) {
