@@ -310,8 +310,27 @@ def _add(tx, s, value):
     return _none()
 
 
+def _lazy_items(tx, v: VariableTracker):
+    """The iterator of `v` when it is an iterator (a generator, `map`, `zip`, ...): CPython's
+    generic set paths take its items one at a time, so the producer may see the set change
+    between items; None for sets, constants and containers (taken whole, as before)."""
+    from ferrodyn.variables.lists import IteratorVariable
+    v = tx.realize(v)
+    return v if isinstance(v, IteratorVariable) else None
+
+
+def _each_key(tx, it):
+    while (item := it.next(tx)) is not None:
+        yield key_of(tx, item)
+
+
 def _update(tx, s, *others):
     for o in others:
+        it = _lazy_items(tx, o)
+        if it is not None:  # set_update_internal: one insertion per item taken
+            for k in _each_key(tx, it):
+                s.add_keys(tx, [k])
+            continue
         ks = elements(tx, o)
         if _is_set_kind(ks):
             args = (_set_arg(tx, o),) if s.state.mutation_type is MutationType.EXISTING else ()
@@ -366,6 +385,17 @@ def _bulk_update(op: Callable):
     name = op.__name__
 
     def handler(tx, s, *others):
+        if name == "difference_update" and any(_lazy_items(tx, o) is not None for o in others):
+            # set_difference_update_internal: one discard per item taken from an iterator
+            for o in others:
+                it = _lazy_items(tx, o)
+                if it is None:
+                    handler(tx, s, o)
+                    continue
+                for k in _each_key(tx, it):
+                    note_identity(tx, [k, *s.keys(tx)])
+                    s.mutable(tx, "discard", (k,)).discard(k)
+            return _none()
         args = [elements(tx, o) for o in others]
         note_identity(tx, [k for a in args for k in a] + list(s.keys(tx)))
         existing = s.state.mutation_type is MutationType.EXISTING
@@ -404,6 +434,23 @@ def _pure(op: Callable, returns_set: bool = True):
     return handler
 
 
+def _stops_early(op: Callable, stop_when: bool):
+    """`isdisjoint` / `issuperset`: over an iterator CPython takes items one at a time and stops
+    at the first that decides (one in the set / one not in it), leaving the rest untaken."""
+    pure = _pure(op, False)
+
+    def handler(tx, s, *others):
+        it = _lazy_items(tx, others[0]) if len(others) == 1 else None
+        if it is None:
+            return pure(tx, s, *others)
+        for k in _each_key(tx, it):
+            note_identity(tx, [k, *s.keys(tx)])
+            if (k in s.keys(tx)) == stop_when:
+                return ConstantVariable(value=False)
+        return ConstantVariable(value=True)
+    return handler
+
+
 def _contains_method(tx, s, v):
     return ConstantVariable(value=s.contains(tx, v))
 
@@ -413,7 +460,8 @@ _PURE = {
     "difference": _pure(set.difference),
     "symmetric_difference": _pure(set.symmetric_difference),
     "copy": _pure(set.copy), "issubset": _pure(set.issubset, False),
-    "issuperset": _pure(set.issuperset, False), "isdisjoint": _pure(set.isdisjoint, False),
+    "issuperset": _stops_early(set.issuperset, False),
+    "isdisjoint": _stops_early(set.isdisjoint, True),
     "__contains__": _contains_method,
 }
 
