@@ -431,12 +431,21 @@ def test_refcounts_unchanged_after_errors():
 
 # -- keyboard interrupts -------------------------------------------------------------------------
 
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler for the test: a process started in the background (a CI
+    job launched with `&`) inherits SIGINT ignored, and Python then installs no handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def interrupted(x):
     signal.raise_signal(signal.SIGINT)
     return x  # the pending signal raises KeyboardInterrupt in this frame
 
 
-def test_keyboard_interrupt_in_eager_intercepted_frame():
+def test_keyboard_interrupt_in_eager_intercepted_frame(sigint_raises):
     rec = Recorder()
     with callback(rec):
         with pytest.raises(KeyboardInterrupt):
@@ -446,7 +455,7 @@ def test_keyboard_interrupt_in_eager_intercepted_frame():
     assert rec.names() == ["interrupted", "add"]
 
 
-def test_keyboard_interrupt_in_entry_and_in_callback():
+def test_keyboard_interrupt_in_entry_and_in_callback(sigint_raises):
     def compiled(x):
         signal.raise_signal(signal.SIGINT)
         return x
