@@ -12,8 +12,6 @@ import collections.abc
 import copy
 import gc
 import random
-import sys
-import threading
 import weakref
 
 import pytest
@@ -21,6 +19,7 @@ import torch
 import torch.utils.weak as tweak
 
 import ferrodyn.weak as fweak
+from thread_helpers import run_interleaved
 
 IMPLS = {
     "torch": tweak.WeakIdKeyDictionary,
@@ -659,16 +658,7 @@ def test_threaded_copy_while_keys_die(WeakDict):
         while keys:
             keys.pop(rnd.randrange(len(keys)))
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        threads = [threading.Thread(target=copier), threading.Thread(target=killer)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    run_interleaved([copier, killer])
     assert errors == []
     assert len(d) == 0
 

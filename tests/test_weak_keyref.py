@@ -7,10 +7,9 @@ first, threads). Behaviour is compared with torch.utils.weak on the same operati
 have it; `_C._debug_weak_check` checks the table's invariants and every entry's recorded slot.
 """
 
+import functools
 import gc
 import random
-import sys
-import threading
 import weakref
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 import torch.utils.weak as tweak
 
 import ferrodyn.weak as fweak
+from thread_helpers import run_interleaved
 from ferrodyn import _C
 
 IMPLS = {"torch": tweak.WeakIdKeyDictionary, "ferrodyn": fweak.WeakIdKeyDictionary}
@@ -298,16 +298,7 @@ def test_threads_inserting_and_killing_keys_in_one_dictionary():
             errors.append(e)
         mine.clear()
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    run_interleaved(functools.partial(worker, s) for s in range(4))
     assert errors == []
     assert len(d) == 0
     check(d)

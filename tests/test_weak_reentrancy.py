@@ -7,15 +7,16 @@ be the same, and nothing may be reported as an unraisable exception (an error in
 callback or `__del__`, e.g. "Already borrowed"), crash or hang.
 """
 
+import functools
 import gc
 import sys
-import threading
 import weakref
 
 import pytest
 import torch.utils.weak as tweak
 
 import ferrodyn.weak as fweak
+from thread_helpers import run_interleaved
 
 IMPLS = {
     "torch": tweak.WeakIdKeyDictionary,
@@ -288,16 +289,7 @@ def test_threads_hammering_one_dict(WeakDict):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    run_interleaved(functools.partial(worker, s) for s in range(4))
     assert errors == []
     gc.collect()
     assert all(isinstance(k, Key) for k in d)
