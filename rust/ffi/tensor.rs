@@ -106,6 +106,60 @@ fn is_tensor_fast(obj: *mut ffi::PyObject, l: &TensorLayout) -> bool {
     tp == l.tensor_type || is_tensor(obj, l.tensor_base)
 }
 
+/// The TensorImpl* held by THPVariable `o` (None while it is null).
+///
+/// # Safety
+/// `o` is a live THPVariable and `l` a layout verified by calibration (its `cdata` offset).
+#[inline(always)]
+unsafe fn tensor_impl(o: *mut ffi::PyObject, l: &TensorLayout) -> Option<*const u8> {
+    let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
+    (!imp.is_null()).then_some(imp)
+}
+
+/// A TensorImpl's size-policy bits (masked) and dispatch key set.
+///
+/// # Safety
+/// `imp` is a live TensorImpl read with verified layout `l`. The mask only has bits in the
+/// `flags_len` bitfield bytes; the 4-byte read stays inside the TensorImpl (key_set_ follows the
+/// bitfields).
+#[inline(always)]
+unsafe fn policy_and_keys(imp: *const u8, l: &TensorLayout) -> (u32, u64) {
+    let policy = u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
+    (policy, *(imp.add(l.keys) as *const u64))
+}
+
+/// Sizes and strides from a TensorImpl's `c10::impl::SizesAndStrides`: inline up to [`INLINE`]
+/// dims (sizes, then strides at `INLINE`), else one heap array (sizes, then strides at `n`).
+/// None over 64 dims or for a null heap pointer.
+///
+/// # Safety
+/// `imp` is a live TensorImpl read with verified layout `l`, whose sizes are stored the plain
+/// way; the slices borrow its storage and live no longer than the tensor.
+#[inline(always)]
+unsafe fn sizes_and_strides<'a>(
+    imp: *const u8,
+    l: &TensorLayout,
+) -> Option<(&'a [i64], &'a [i64])> {
+    let sas = imp.add(l.sizes_strides);
+    let n = *(sas as *const usize);
+    if n > 64 {
+        return None;
+    }
+    let (base, stride_at) = if n <= INLINE {
+        (sas.add(8) as *const i64, INLINE)
+    } else {
+        let b = *(sas.add(8) as *const *const i64);
+        if b.is_null() {
+            return None;
+        }
+        (b, n)
+    };
+    Some((
+        std::slice::from_raw_parts(base, n),
+        std::slice::from_raw_parts(base.add(stride_at), n),
+    ))
+}
+
 /// Read a tensor's metadata directly, or None if reads are not enabled, `obj` is not a tensor,
 /// or its sizes are not stored in the plain way.
 #[inline]
@@ -126,39 +180,12 @@ pub fn read_tensor_with<'a>(obj: &'a Bound<'_, PyAny>, l: &TensorLayout) -> Opti
     // Every offset read below was located and verified by calibration, and lies inside the
     // TensorImpl (or the AutogradMeta / out-of-line sizes array it points to).
     unsafe {
-        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
-        if imp.is_null() {
-            return None;
-        }
-        // The mask only has bits in the `flags_len` bitfield bytes; the 4-byte read stays inside
-        // the TensorImpl (key_set_ follows the bitfields).
-        let policy =
-            u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
-        let keys = *(imp.add(l.keys) as *const u64);
+        let imp = tensor_impl(o, l)?;
+        let (policy, keys) = policy_and_keys(imp, l);
         let dtype = *(imp.add(l.dtype) as *const u16);
         let mut device = [0u8; 3];
         std::ptr::copy_nonoverlapping(imp.add(l.device), device.as_mut_ptr(), 3);
-        let sas = imp.add(l.sizes_strides);
-        let n = *(sas as *const usize);
-        if n > 64 {
-            return None;
-        }
-        let (sizes, strides) = if n <= 5 {
-            let base = sas.add(8) as *const i64;
-            (
-                std::slice::from_raw_parts(base, n),
-                std::slice::from_raw_parts(base.add(5), n),
-            )
-        } else {
-            let base = *(sas.add(8) as *const *const i64);
-            if base.is_null() {
-                return None;
-            }
-            (
-                std::slice::from_raw_parts(base, n),
-                std::slice::from_raw_parts(base.add(n), n),
-            )
-        };
+        let (sizes, strides) = sizes_and_strides(imp, l)?;
         let requires_grad = impl_requires_grad(imp, l, true);
         Some(TensorRaw {
             keys,
@@ -379,10 +406,7 @@ pub fn check_expect(obj: &Bound<'_, PyAny>, e: &Expect) -> Option<bool> {
     // and for a tensor whose (equal) key set marks plain storage the inline sizes/strides hold
     // `size_` <= 5 entries each.
     unsafe {
-        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
-        if imp.is_null() {
-            return None;
-        }
+        let imp = tensor_impl(o, l)?;
         let word = (imp.add(l.dtype) as *const u64).read_unaligned();
         let keys = *(imp.add(l.keys) as *const u64);
         if (word & e.word_mask) != e.word || keys != e.keys {
@@ -421,34 +445,11 @@ pub fn read_dims<'a>(
     // SAFETY: as in `read_tensor_with`: `o` is a THPVariable, the offsets are verified and lie
     // inside its TensorImpl (or the out-of-line sizes array it owns).
     unsafe {
-        let imp = *((o as *const u8).add(l.cdata) as *const *const u8);
-        if imp.is_null() {
-            return None;
-        }
-        let policy =
-            u32::from_le((imp.add(l.flags) as *const u32).read_unaligned()) & l.policy_mask;
-        let keys = *(imp.add(l.keys) as *const u64);
+        let imp = tensor_impl(o, l)?;
+        let (policy, keys) = policy_and_keys(imp, l);
         if policy != 0 || keys & non_plain_keys != 0 {
             return None;
         }
-        let sas = imp.add(l.sizes_strides);
-        let n = *(sas as *const usize);
-        if n > 64 {
-            return None;
-        }
-        let base = if n <= INLINE {
-            sas.add(8) as *const i64
-        } else {
-            let b = *(sas.add(8) as *const *const i64);
-            if b.is_null() {
-                return None;
-            }
-            b
-        };
-        let stride_at = if n <= INLINE { INLINE } else { n };
-        Some((
-            std::slice::from_raw_parts(base, n),
-            std::slice::from_raw_parts(base.add(stride_at), n),
-        ))
+        sizes_and_strides(imp, l)
     }
 }
