@@ -227,6 +227,7 @@ class _Trace:
             stack.enter_context(mode)
             stack.enter_context(_autocast_cache_disabled())
             out = self.f(*call_args)
+        tracker.finish_vals()
 
         _output_node(tracker, out, in_spec if nested else None, names)
 

@@ -24,6 +24,8 @@ from torch._C import DispatchKey
 from torch._subclasses.fake_tensor import (
     FakeTensor,
     UnsupportedOperatorException,
+    fake_tensor_tls,
+    should_allow_numbers_as_tensors,
     unset_fake_temporarily,
 )
 from torch.overrides import TorchFunctionMode
@@ -37,6 +39,9 @@ _DEVICE_OP = torch.ops.prim.device.default
 _IS_NONZERO = _aten.is_nonzero.default
 _LIFT_FRESH = _aten.lift_fresh.default
 _LIFT_FRESH_COPY = _aten.lift_fresh_copy.default
+_LIFT_FNS = (_LIFT_FRESH, _LIFT_FRESH_COPY)
+_FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
+_get_dispatch_mode = torch._C._get_dispatch_mode
 _METADATA_OPS = (_aten.size.default, _aten.stride.default, _aten.storage_offset.default)
 _HANDLED_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 _CIA = DispatchKey.CompositeImplicitAutograd
@@ -48,7 +53,8 @@ class _OpInfo:
     """What the mode needs to know about one OpOverload, computed once."""
 
     __slots__ = (
-        "name", "data_dependent", "seeded", "has_cia", "backend", "mutates_metadata", "factory"
+        "name", "data_dependent", "seeded", "has_cia", "backend", "mutates_metadata", "factory",
+        "fake_args",
     )
 
     def __init__(self, func, graph):
@@ -74,6 +80,16 @@ class _OpInfo:
                 for a in schema.arguments
             )
         )
+        # 0: never hand this op the trace's fakes of real tensor arguments (lift ops and
+        # inplace_view ops, which the fake mode treats specially); 1: always; 2: only when some
+        # tensor argument is fake already (with none, the fake mode runs an op that accepts
+        # numbers as tensors for real and keeps the result as a constant)
+        if func in _LIFT_FNS or torch.Tag.inplace_view in tags:
+            self.fake_args = 0
+        elif should_allow_numbers_as_tensors(func):
+            self.fake_args = 2
+        else:
+            self.fake_args = 1
 
     def autograd_would_decompose(self, func, args, kwargs) -> bool:
         """True when eager autograd would have run the CIA decomposition (no backend kernel for
@@ -219,9 +235,12 @@ class ProxyDispatchMode(TorchDispatchMode):
             func = _LIFT_FRESH_COPY
         if info.mutates_metadata:
             tracker.before_metadata_mutation(args, kwargs)
+        call_args, call_kwargs = args, kwargs
+        if info.fake_args and tracker.fake_mode is not None:
+            call_args, call_kwargs = self._fake_call_args(info, args, kwargs)
         tracker.lazy = True
         try:
-            out = func(*args, **kwargs)
+            out = func(*call_args, **call_kwargs)
         except UnsupportedOperatorException as e:
             raise RuntimeError(
                 f"make_fx: operator {func} has no fake (meta) implementation, so it cannot be "
@@ -262,6 +281,40 @@ class ProxyDispatchMode(TorchDispatchMode):
         finally:
             tracker.lazy = False
         return out
+
+    def _fake_call_args(self, info: _OpInfo, args, kwargs):
+        """`args`, `kwargs` with each real tensor (a parameter, buffer or constant closed over
+        by the traced function) replaced by the trace's one fake of it (`tracker.fake_of`):
+        the fake mode would convert it itself, once per op, and would not cache the op's
+        result (its dispatch cache refuses real arguments). Done only where the fake mode's
+        own conversion applies: it is the active fake mode and accepts real inputs."""
+        fake_mode = self.tracker.fake_mode
+        if _get_dispatch_mode(_FAKE_KEY) is not fake_mode:
+            return args, kwargs
+        allow = fake_tensor_tls.allow_non_fake_inputs_override
+        if not (fake_mode.allow_non_fake_inputs if allow is None else allow):
+            return args, kwargs
+        real = any_fake = False
+        for a in (*args, *kwargs.values()):
+            for t in (a if type(a) in (list, tuple) else (a,)):
+                tt = type(t)
+                if tt is torch.Tensor or tt is torch.nn.Parameter:
+                    real = True
+                elif tt is FakeTensor:
+                    any_fake = True
+        if not real or (info.fake_args == 2 and not any_fake):
+            return args, kwargs
+        fake_of = self.tracker.fake_of
+
+        def sub(a):
+            ta = type(a)
+            if ta is torch.Tensor or ta is torch.nn.Parameter:
+                return fake_of(a)
+            if ta is list or ta is tuple:
+                return ta(sub(x) for x in a)
+            return a
+
+        return tuple(sub(a) for a in args), {k: sub(v) for k, v in kwargs.items()}
 
     # -- small constants (torch.tensor(...) literals) ---------------------------------------
     def _constant_flags(self, args, kwargs):

@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from ferrodyn.weak import WeakIdKeyDictionary, WeakTensorKeyDictionary
 
 SYM_TYPES = (SymInt, SymFloat, SymBool)
+_PLAIN_SCALARS = frozenset({bool, int, float, complex})
 
 _aten = torch.ops.aten
 _SYM_SIZE = _aten.sym_size.int
@@ -82,6 +83,10 @@ class ProxyTracker:
         # id(FakeTensor) -> the node whose meta["val"] is that very tensor (ids are stable:
         # the node keeps the tensor alive for the whole trace)
         self._raw_vals: dict[int, fx.Node] = {}
+        # id(real tensor) -> (that tensor, its fake): each real tensor the trace meets under a
+        # fake mode is converted once, and the fake is kept (the converter's own memo holds
+        # fakes weakly, so without this each op converted it again)
+        self._fakes: dict[int, tuple[Tensor, FakeTensor]] = {}
 
     # -- example values ---------------------------------------------------------------------
     def example_value(self, val):
@@ -96,12 +101,22 @@ class ProxyTracker:
             if fake_mode is not None:
                 # a real constant under fake tracing: the fake mode's own conversion (memoised,
                 # so the op using the constant reuses it), snapshotted
-                fake = fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, val)
-                return fast_detach(fake_mode, fake)
+                return fast_detach(fake_mode, self.fake_of(val))
             return self._fake_like(val)
         if isinstance(val, (list, tuple)):
             return type(val)(self.example_value(v) for v in val)
         return val
+
+    def fake_of(self, t: Tensor) -> FakeTensor:
+        """The trace's fake of real tensor `t`: the fake mode's own conversion (what it does to
+        a real argument of an op), made once per trace."""
+        entry = self._fakes.get(id(t))
+        if entry is not None and entry[0] is t:
+            return entry[1]
+        fake_mode = self.fake_mode
+        fake = fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t)
+        self._fakes[id(t)] = (t, fake)
+        return fake
 
     def _keep_val(self, node: fx.Node, val) -> None:
         """Store `val` as `node.meta["val"]`. A fresh FakeTensor result is stored as it is
@@ -127,6 +142,16 @@ class ProxyTracker:
                 if node is not None and node.meta.get("val") is t:
                     node.meta["val"] = fast_detach(t.fake_mode, t)
 
+    def finish_vals(self) -> None:
+        """The trace is over: each value kept as it was produced (`_keep_val`) that autograd
+        has since marked (requires_grad, a grad_fn) or made a view of its base is replaced by
+        a snapshot, so every `meta["val"]` is a plain detached FakeTensor, as torch records."""
+        for node in self._raw_vals.values():
+            val = node.meta.get("val")
+            if type(val) is FakeTensor and (val.requires_grad or val._is_view()):
+                node.meta["val"] = fast_detach(val.fake_mode, val)
+        self._raw_vals.clear()
+
     def _fake_like(self, t: Tensor):
         mode = self._val_mode
         if mode is None:
@@ -138,6 +163,8 @@ class ProxyTracker:
     # -- nodes ------------------------------------------------------------------------------
     def call(self, target, args, kwargs, name, val, keep_raw: bool = True):
         node = self.graph.create_node("call_function", target, args, kwargs, name)
+        if type(val) in _PLAIN_SCALARS:
+            return node  # torch's tracer records no value for a plain number result
         if keep_raw:
             self._keep_val(node, val)
         else:
@@ -292,6 +319,7 @@ class ProxyTracker:
         self.constants.clear()
         self.symbols.clear()
         self._raw_vals.clear()
+        self._fakes.clear()
 
 
 _VAL_MODE = None
