@@ -42,6 +42,8 @@ _LIFT_FRESH_COPY = _aten.lift_fresh_copy.default
 _LIFT_FNS = (_LIFT_FRESH, _LIFT_FRESH_COPY)
 _FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
 _get_dispatch_mode = torch._C._get_dispatch_mode
+_mode_stack_len = torch._C._len_torch_dispatch_stack
+_META = torch.device("meta")
 _METADATA_OPS = (_aten.size.default, _aten.stride.default, _aten.storage_offset.default)
 _HANDLED_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 _CIA = DispatchKey.CompositeImplicitAutograd
@@ -50,16 +52,17 @@ CONSTANT_NUMEL_LIMIT = 1  # tensors this small keep their value for .item() (as 
 
 
 class _OpInfo:
-    """What the mode needs to know about one OpOverload, computed once."""
+    """What the mode needs to know about one OpOverload, computed once per process (`op_info`):
+    all of it comes from the op's schema, tags and kernel registrations."""
 
     __slots__ = (
         "name", "data_dependent", "seeded", "has_cia", "backend", "mutates_metadata", "factory",
         "fake_args",
     )
 
-    def __init__(self, func, graph):
+    def __init__(self, func):
         tags = func.tags
-        self.name = graph._target_to_str(func.overloadpacket.__name__)
+        self.name = _NAMER._target_to_str(func.overloadpacket.__name__)
         self.data_dependent = torch.Tag.data_dependent_output in tags
         self.seeded = torch.Tag.nondeterministic_seeded in tags
         self.has_cia = _CIA in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -111,6 +114,17 @@ class _OpInfo:
         return not has
 
 
+_NAMER = torch.fx.Graph()  # only its node-name rule is used
+_OP_INFO: dict = {}
+
+
+def op_info(func) -> _OpInfo:
+    info = _OP_INFO.get(func)
+    if info is None:
+        info = _OP_INFO[func] = _OpInfo(func)
+    return info
+
+
 def _first_tensor(args):
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -140,7 +154,6 @@ class ProxyDispatchMode(TorchDispatchMode):
         self.error_on_data_dependent_ops = error_on_data_dependent_ops
         self._mode_key = _PROXY_KEY
         self._enter_stack: list = []
-        self._ops: dict = {}
         # read by torch code that inspects the active proxy mode
         self.decomp_layers = 0
         self.emulate_precision_casts = False
@@ -164,9 +177,18 @@ class ProxyDispatchMode(TorchDispatchMode):
 
     # -- aten ops ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         if func is _DEVICE_OP:
-            return func(*args, **kwargs)
+            # asked by C++ code of a FakeTensor (a Python-custom device): when only the fake
+            # mode is left below, its own answer, without the trip through the dispatcher
+            if (
+                len(args) == 1 and not kwargs and type(args[0]) is FakeTensor
+                and _mode_stack_len() <= 1
+                and (_mode_stack_len() == 0 or _get_dispatch_mode(_FAKE_KEY) is not None)
+            ):
+                t = args[0]
+                return _META if t.fake_mode.in_kernel_invocation else t.fake_device
+            return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         for t in types:
             if t not in _HANDLED_TYPES and not self._all_tracked(args, kwargs):
                 return NotImplemented
@@ -180,9 +202,9 @@ class ProxyDispatchMode(TorchDispatchMode):
                 finally:
                     self.decomp_layers -= 1
 
-        info = self._ops.get(func)
+        info = _OP_INFO.get(func)
         if info is None:
-            info = self._ops[func] = _OpInfo(func, self.tracker.graph)
+            info = op_info(func)
         if (
             not self.pre_dispatch
             and func not in _METADATA_OPS
