@@ -83,3 +83,95 @@ def test_meta_vals_match_torch_make_fx(name, mode):
     torch.manual_seed(7)
     assert_same(ours(*args), expected)
     _bn.load_state_dict(state)
+
+
+# -- real tensors handed to the fake mode as the trace's fakes: where the fake mode would not
+#    convert them itself, it is not done either ------------------------------------------------
+
+def _trace_both(fn, mode, args):
+    """(ours, torch's) outcome: the GraphModule or the exception type and message."""
+    out = []
+    for tracer in (lambda: make_fx(fn, tracing_mode=mode)(*args),
+                   lambda: torch_make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*args)):
+        try:
+            out.append(tracer())
+        except Exception as e:  # noqa: BLE001 - the outcome is compared
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_in_place_op_on_a_parameter_leaves_it_unchanged(mode):
+    lin = torch.nn.Linear(3, 3)
+    before = lin.weight.detach().clone()
+
+    def f(x):
+        with torch.no_grad():
+            lin.weight.add_(x.mean())  # in place on the parameter's fake, inside the trace
+        return lin(x) + lin.weight.sum()
+
+    x = torch.randn(2, 3)
+    ours, ref = _trace_both(f, mode, (x,))
+    assert torch.equal(lin.weight, before)
+    got = [(n.op, str(n.target), describe(n.meta.get("val"))) for n in ours.graph.nodes]
+    want = [(n.op, str(n.target), describe(n.meta.get("val"))) for n in ref.graph.nodes]
+    assert got == want
+    # the graph replays the mutation on the module's real parameter, as eager does
+    with torch.no_grad():
+        got_out = ours(x)
+        after = lin.weight.detach().clone()
+        lin.weight.copy_(before)
+        expected = f(x)
+    torch.testing.assert_close(got_out, expected)
+    assert torch.equal(after, lin.weight)
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_metadata_mutation_of_a_real_tensor_is_refused_as_by_torch(mode):
+    w = torch.randn(2, 3)
+
+    def f(x):
+        w.t_()
+        return x + 1
+
+    ours, ref = _trace_both(f, mode, (torch.randn(2),))
+    assert type(ours) is type(ref) and isinstance(ref, Exception)
+    assert "non-Fake Tensor" in str(ours) and "non-Fake Tensor" in str(ref)
+    assert w.shape == (2, 3)
+
+
+def test_user_fake_mode_without_non_fake_inputs_still_refuses_real_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    w = torch.randn(3)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    x = fake_mode.from_tensor(torch.randn(3))
+
+    def f(x):
+        return x * w
+
+    with pytest.raises(AssertionError, match="Please convert all Tensors to FakeTensors"):
+        make_fx(f, tracing_mode="fake")(x)
+    with pytest.raises(AssertionError, match="Please convert all Tensors to FakeTensors"):
+        torch_make_fx(f, tracing_mode="fake")(x)
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_real_computation_with_fake_mode_unset_sees_real_tensors(mode):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    w = torch.tensor([1.0, 2.0, 3.0])
+    seen = []
+
+    def f(x):
+        with unset_fake_temporarily():
+            s = (w * 2).sum()  # real compute on the real tensor (not its fake)
+            seen.append(s)
+        return x + w
+
+    x = torch.randn(3)
+    ours, ref = _trace_both(f, mode, (x,))
+    assert len(seen) == 2 and all(type(s) is torch.Tensor for s in seen)
+    assert all(torch.equal(s, torch.tensor(12.0)) for s in seen)
+    assert [str(n.target) for n in ours.graph.nodes] == [str(n.target) for n in ref.graph.nodes]
+    torch.testing.assert_close(ours(x), f(x))
