@@ -16,6 +16,7 @@ the one implementation shared with ferrodyn.compile(dynamic=True).
            ├─ check fn and args; build the fake mode (fake/symbolic) and fakify the inputs
            ├─ placeholders, tracked inputs
            ├─ enter modes (fake, python dispatcher, proxy) ─► fn(*inputs) ─► exit modes (always)
+           ├─ snapshot the values autograd marked or made views (tracker.finish_vals)
            ├─ output node (_output_node), dead-code elimination, symint dedupe
            └─ GraphModule (the tracker's dictionaries are cleared whatever happened)
 """

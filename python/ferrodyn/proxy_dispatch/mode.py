@@ -12,7 +12,8 @@ Call hierarchy of one op:
     __torch_dispatch__(func, types, args, kwargs)
       ├─ decomposition table hit ──► run the decomposition under this mode (re-enters here)
       ├─ CIA kernel and autograd would have used it ──► func.decompose(...) under this mode
-      └─ _record: map args to nodes ─► run func (fake/real kernel) ─► create node ─► track outputs
+      └─ _record: map args to nodes ─► real tensor args -> the trace's fakes (_fake_call_args)
+                  ─► run func (fake/real kernel) ─► create node ─► track outputs
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ class ProxyDispatchMode(TorchDispatchMode):
         if info.mutates_metadata:
             tracker.before_metadata_mutation(args, kwargs)
         call_args, call_kwargs = args, kwargs
-        if info.fake_args and tracker.fake_mode is not None:
+        if info.fake_args and tracker.fake_mode is not None and not self.pre_dispatch:
             call_args, call_kwargs = self._fake_call_args(info, args, kwargs)
         tracker.lazy = True
         try:
@@ -309,7 +310,8 @@ class ProxyDispatchMode(TorchDispatchMode):
         by the traced function) replaced by the trace's one fake of it (`tracker.fake_of`):
         the fake mode would convert it itself, once per op, and would not cache the op's
         result (its dispatch cache refuses real arguments). Done only where the fake mode's
-        own conversion applies: it is the active fake mode and accepts real inputs."""
+        own conversion applies: it is the active fake mode and accepts real inputs (and not
+        under pre_dispatch, where autograd runs below this mode and sees the arguments)."""
         fake_mode = self.tracker.fake_mode
         if _get_dispatch_mode(_FAKE_KEY) is not fake_mode:
             return args, kwargs

@@ -9,10 +9,12 @@ live traced value to the fx node that produces it:
   `ferrodyn.weak.WeakIdKeyDictionary` (first producer wins, so a size read off an input stays
   tied to that input); size/stride/numel accessors are recorded lazily (`LazyNode`) and only
   enter the graph when some op uses them;
-- untracked tensors (closed-over constants, parameters) -> `get_attr` nodes on the root module.
+- untracked tensors (closed-over constants, parameters) -> `get_attr` nodes on the root module;
+  under a fake mode each is fakified once per trace (`fake_of`, held until the trace ends).
 
-Also owns the example values stored in `node.meta["val"]`. Does not own dispatch (mode.py) nor
-the entry point (make_fx.py).
+Also owns the example values stored in `node.meta["val"]` (as torch's make_fx records them:
+detached, non-view FakeTensors describing the value when it was produced; no value for a plain
+number result). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
 """
 
 from __future__ import annotations
