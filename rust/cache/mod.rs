@@ -292,14 +292,15 @@ pub fn backend_matches(entry: i64, current: i64) -> bool {
 /// been cleared on the way (a whole tree failed, or a discriminator read raised), for the
 /// caller to release. Entries of other backends are not checked.
 /// The exported node values of the hit entry's tree go to `exports` (see
-/// `GuardTree::check_export`).
+/// `GuardTree::check_export`). The hit is returned as its entry's function (a strong
+/// reference: running it may reset the cache and drop the entry).
 pub fn lookup<'py>(
     py: Python<'py>,
     state: &CodeState,
     input: &GuardInput<'_, 'py>,
     backend_id: i64,
     exports: &mut Vec<Bound<'py, PyAny>>,
-) -> (Option<EntryRef>, bool) {
+) -> (Option<Bound<'py, PyAny>>, bool) {
     let snap = state.snapshot();
     let mut errors = false;
     let many = snap.len() > 1;
@@ -327,14 +328,15 @@ pub fn lookup<'py>(
         if pass {
             entry.record_hit();
             bump(&HITS);
-            let hit = Arc::clone(e);
+            let func = entry.func.bind(py).clone();
             if i != 0 {
                 // Most recently hit first. Promote after letting go of the snapshot, so that
                 // the list is rotated in place rather than copied.
+                let hit = Arc::clone(e);
                 drop(snap);
                 state.promote(&hit);
             }
-            return (Some(hit), errors);
+            return (Some(func), errors);
         }
         errors = true;
         bump(&GUARD_FAILURES);

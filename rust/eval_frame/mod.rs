@@ -77,8 +77,7 @@ pub fn on_frame_cached(
             // next attaches. Hits on the first entry (the common case) skip this.
             Python::attach(|_| ());
         }
-        if let Some(entry) = hit {
-            let f = entry.get().func().bind(py).clone();
+        if let Some(f) = hit {
             if exports.is_empty() {
                 return Some(FrameAction::Return(
                     frame.call_with_slots(&f).map(Bound::unbind),

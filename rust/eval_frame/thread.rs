@@ -144,15 +144,26 @@ pub struct CallbackHolder {
     active: Arc<AtomicBool>,
 }
 
+// The flags and the count are only written with the GIL held (`switch` runs under it, and a
+// holder is dropped under it), so a plain load and store replaces each locked
+// read-modify-write (two per compiled call each way): the GIL serialises the writers.
+
 fn activate(active: &AtomicBool) {
-    if !active.swap(true, Ordering::AcqRel) {
-        ACTIVE.fetch_add(1, Ordering::AcqRel);
+    if !active.load(Ordering::Relaxed) {
+        active.store(true, Ordering::Relaxed);
+        ACTIVE.store(ACTIVE.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 }
 
 /// Clear the flag; true when that gave back the last share (the caller uninstalls).
 fn release(active: &AtomicBool) -> bool {
-    active.swap(false, Ordering::AcqRel) && ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1
+    if !active.load(Ordering::Relaxed) {
+        return false;
+    }
+    active.store(false, Ordering::Relaxed);
+    let n = ACTIVE.load(Ordering::Relaxed).saturating_sub(1);
+    ACTIVE.store(n, Ordering::Relaxed);
+    n == 0
 }
 
 fn deactivate(active: &AtomicBool) {
