@@ -293,13 +293,15 @@ pub fn backend_matches(entry: i64, current: i64) -> bool {
 /// caller to release. Entries of other backends are not checked.
 /// The exported node values of the hit entry's tree go to `exports` (see
 /// `GuardTree::check_export`). The hit is returned as its entry's function (a strong
-/// reference: running it may reset the cache and drop the entry).
+/// reference: running it may reset the cache and drop the entry). `count_failures`: false
+/// for a look-ahead whose miss is looked up again by the hook (so failures count once).
 pub fn lookup<'py>(
     py: Python<'py>,
     state: &CodeState,
     input: &GuardInput<'_, 'py>,
     backend_id: i64,
     exports: &mut Vec<Bound<'py, PyAny>>,
+    count_failures: bool,
 ) -> (Option<Bound<'py, PyAny>>, bool) {
     let snap = state.snapshot();
     let mut errors = false;
@@ -316,7 +318,9 @@ pub fn lookup<'py>(
         if many {
             if let Some(errored) = tree.quick_reject(py, input) {
                 errors |= errored;
-                bump(&GUARD_FAILURES);
+                if count_failures {
+                    bump(&GUARD_FAILURES);
+                }
                 continue;
             }
         }
@@ -339,7 +343,9 @@ pub fn lookup<'py>(
             return (Some(func), errors);
         }
         errors = true;
-        bump(&GUARD_FAILURES);
+        if count_failures {
+            bump(&GUARD_FAILURES);
+        }
     }
     (None, errors)
 }

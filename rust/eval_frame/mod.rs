@@ -10,6 +10,7 @@
 //! or guard evaluation (`crate::guards`).
 mod call;
 mod debug;
+mod resume;
 mod thread;
 mod view;
 
@@ -69,7 +70,7 @@ pub fn on_frame_cached(
         }
         let mut exports = Vec::new();
         let (hit, errors) = with_guard_input(frame, |input| {
-            cache::lookup(py, st, input, backend_id, &mut exports)
+            cache::lookup(py, st, input, backend_id, &mut exports, true)
         });
         if errors {
             // A failing guard may have swallowed an exception, released under the bare token
@@ -240,6 +241,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<call::CompiledFunction>()?;
     m.add_class::<call::ModuleCall>()?;
     m.add_class::<call::ModuleCallSlot>()?;
+    resume::register(m)?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(skip_code, m)?)?;

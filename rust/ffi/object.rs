@@ -1,10 +1,14 @@
 //! Raw object reads that guard accessors need without calling Python: a cell's contents, an
-//! instance `__dict__` (no `__getattr__`), and exact-dict reads at a remembered entry position.
+//! instance `__dict__` (no `__getattr__`), and exact-dict reads at a remembered entry position;
+//! builtin callables that take their arguments as a borrowed array (`fastcall_builtin`) and
+//! vectorcalls of borrowed slots (`vectorcall_slots`).
 #![allow(unsafe_code)]
 
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::Borrowed;
+
+use super::slots::Slots;
 
 /// The contents of a cell object, None if empty or not a cell.
 pub fn cell_contents<'py>(cell: &Borrowed<'_, 'py, PyAny>) -> Option<Bound<'py, PyAny>> {
@@ -79,4 +83,124 @@ pub fn dict_position_of(
         }
     }
     None
+}
+
+/// What a [`fastcall_builtin`] calls: `(py, data, positional arguments)`, the arguments
+/// borrowed from the caller for the call.
+pub type FastHandler =
+    for<'py> fn(Python<'py>, &Bound<'py, PyAny>, Slots<'_>) -> PyResult<Bound<'py, PyAny>>;
+
+/// The `self` of a [`fastcall_builtin`]: its handler and the handler's data.
+#[pyclass(module = "ferrodyn._C", name = "_FastCallOwner", frozen)]
+pub struct FastCallOwner {
+    handler: FastHandler,
+    data: Py<PyAny>,
+}
+
+#[pymethods]
+impl FastCallOwner {
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.data)
+    }
+}
+
+/// The one method definition of every fastcall builtin (CPython keeps a pointer to it in each
+/// builtin, so it lives for the whole process).
+fn fastcall_def() -> *mut ffi::PyMethodDef {
+    static DEF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEF.get_or_init(|| {
+        Box::into_raw(Box::new(ffi::PyMethodDef {
+            ml_name: c"ferrodyn_resume".as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer {
+                PyCFunctionFast: fastcall_trampoline,
+            },
+            ml_flags: ffi::METH_FASTCALL,
+            ml_doc: std::ptr::null(),
+        })) as usize
+    }) as *mut ffi::PyMethodDef
+}
+
+/// A builtin callable (METH_FASTCALL, so the vectorcall protocol with no argument tuple) whose
+/// calls run `handler(py, data, args)`; it takes positional arguments only (CPython rejects
+/// keywords before the handler runs).
+pub fn fastcall_builtin<'py>(
+    data: Bound<'py, PyAny>,
+    handler: FastHandler,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = data.py();
+    let owner = Bound::new(
+        py,
+        FastCallOwner {
+            handler,
+            data: data.unbind(),
+        },
+    )?;
+    // SAFETY: the method definition is never freed; PyCFunction_NewEx takes a new reference to
+    // `owner` (its `self`) and returns a new reference or NULL with an exception set.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(fastcall_def(), owner.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(py, f)
+    }
+}
+
+/// CPython's `_PyCFunctionFast` for [`fastcall_builtin`]s.
+unsafe extern "C" fn fastcall_trampoline(
+    slf: *mut ffi::PyObject,
+    args: *mut *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    // SAFETY: called by CPython's builtin-call path with the GIL held; `slf` is the builtin's
+    // `self`, a FastCallOwner (only `fastcall_builtin` makes builtins with this definition);
+    // `args` holds `nargs` live objects borrowed for the call. The handler runs under a bare
+    // token, as the frame hook's hit path does (objects it drops are released directly or
+    // through pyo3's deferred pool).
+    let py = Python::assume_attached();
+    let owner: Borrowed<'_, '_, FastCallOwner> = Borrowed::from_ptr(py, slf).cast_unchecked();
+    let owner = owner.get();
+    let slots = Slots::from_raw(args, nargs.max(0) as usize);
+    let data = owner.data.bind(py);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        (owner.handler)(py, data, slots)
+    }));
+    match r {
+        Ok(Ok(v)) => v.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            pyo3::panic::PanicException::new_err("ferrodyn: internal panic in a fastcall")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `f(*slots, *extra)` by vectorcall (the slots passed as they are, borrowed).
+pub fn vectorcall_slots<'py>(
+    f: &Bound<'py, PyAny>,
+    slots: Slots<'_>,
+    extra: &[Bound<'py, PyAny>],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = f.py();
+    let n = slots.len();
+    if !slots.all_bound() {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "ferrodyn: unbound argument slot",
+        ));
+    }
+    let args = slots.untagged();
+    // SAFETY: every pointer is a live object borrowed for the call (the slots' contract, and
+    // `extra`'s references held by the caller).
+    unsafe {
+        let res = if extra.is_empty() {
+            ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
+        } else {
+            let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + extra.len());
+            buf.extend_from_slice(&args);
+            buf.extend(extra.iter().map(|e| e.as_ptr()));
+            ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), buf.len(), std::ptr::null_mut())
+        };
+        Bound::from_owned_ptr_or_err(py, res)
+    }
 }

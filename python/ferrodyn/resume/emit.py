@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ferrodyn import bytecode
+from ferrodyn import _C, bytecode
 from ferrodyn.resume.capture import GraphBreak
 from ferrodyn.resume.code import (ITER, NULL, VALUE, jump_target_offset, next_offset,
                                   resume_code)
@@ -80,7 +80,9 @@ def _load_resume(e, fn) -> None:
     reads and writes the same cells as the frame it continues."""
     code = fn.__code__
     if not code.co_freevars:
-        e.load_callable(fn)
+        # called through `_C.resume_call`: a hit of its cache runs the entry without a frame
+        # of the resume function (anything else calls fn itself)
+        e.load_callable(_C.resume_call(fn))
         return
     e.emit(*e.b.call_prefix())
     e.load_callable(types.FunctionType)
