@@ -232,3 +232,51 @@ def test_ineligible_functions_are_returned_unchanged():
         assert _C.resume_call(f) is f
     plain = types.FunctionType(explicit_break.__code__, explicit_break.__globals__)
     assert _C.resume_call(plain) is not plain
+
+
+# --- CompiledFunction is called by vectorcall ---------------------------------------------
+
+def kw_fn(a, b=2, *rest, c=3, **kw):
+    return (a, b, rest, c, sorted(kw.items()))
+
+
+def test_compiled_function_vectorcall_passes_every_argument_form():
+    cf = _C.CompiledFunction(kw_fn, False)
+    assert cf(1) == kw_fn(1)
+    assert cf(1, 5, 6, 7, c=8, d=9) == kw_fn(1, 5, 6, 7, c=8, d=9)
+    assert cf(*[1, 2], **{"c": 0, "z": 1}) == kw_fn(1, 2, c=0, z=1)
+    # the class's __call__ (tp_call) still works and agrees
+    assert type(cf).__call__(cf, 1, 5, c=8) == kw_fn(1, 5, c=8)
+    # bound as a method: CPython prepends self in the argument array
+    class Holder:
+        m = _C.CompiledFunction(kw_fn, False)
+    h = Holder()
+    assert h.m(5, c=1) == kw_fn(h, 5, c=1)
+    with pytest.raises(TypeError):
+        cf()
+
+
+def test_compiled_function_vectorcall_restores_callback_and_reference_counts():
+    def cb(frame):
+        return None
+
+    marker = object()
+    seen = []
+
+    def body(x):
+        seen.append(_C.get_eval_frame())
+        if x is marker:
+            raise KeyError("raised")
+        return x
+
+    cf = _C.CompiledFunction(body, cb)
+    prior = _C.get_eval_frame()
+    before = (sys.getrefcount(cb), sys.getrefcount(marker))
+    for _ in range(100):
+        assert cf(1) == 1
+        with pytest.raises(KeyError):
+            cf(marker)
+    assert _C.get_eval_frame() is prior
+    assert all(s is cb for s in seen)
+    seen.clear()
+    assert (sys.getrefcount(cb), sys.getrefcount(marker)) == before

@@ -1,7 +1,7 @@
 //! The native call path: what `ferrodyn.compile(fn)` and `ferrodyn.compile(module)` return
 //! calls into, with no Python frame of ferrodyn's own per call.
 //!
-//! `CompiledFunction(fn, callback)`: calling it installs `callback` as this thread's frame
+//! `CompiledFunction(fn, callback)` (called by vectorcall: no argument tuple): calling it installs `callback` as this thread's frame
 //! callback (parsed once, at construction), calls `fn` with the same arguments, and restores
 //! the previous callback, also when `fn` raises; nested and concurrent calls restore what they
 //! replaced (thread-local state). It binds as a method (`__get__`), and carries a `__dict__`
@@ -21,7 +21,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 
 use super::thread::{self, Installed};
-use crate::ffi::object as raw;
+use crate::ffi::object::{
+    self as raw, enable_vectorcall, vectorcall_slot, VectorArgs, VectorcallSlot, VectorcallTarget,
+};
 
 /// A function compiled with ferrodyn (see the module docs).
 #[pyclass(
@@ -34,6 +36,38 @@ use crate::ffi::object as raw;
 pub struct CompiledFunction {
     func: Py<PyAny>,
     installed: Installed,
+    /// Calls come in through here (`enable_vectorcall`, at registration), not `__call__`.
+    vectorcall: VectorcallSlot,
+}
+
+impl VectorcallTarget for CompiledFunction {
+    fn vectorcall<'py>(
+        &self,
+        py: Python<'py>,
+        args: VectorArgs<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let saved = thread::enter(py, &self.installed)?;
+        let r = args.forward(self.func.bind(py));
+        thread::exit(py, saved);
+        r
+    }
+}
+
+/// Register the classes of this module, with `CompiledFunction` called by vectorcall.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<CompiledFunction>()?;
+    m.add_class::<ModuleCall>()?;
+    m.add_class::<ModuleCallSlot>()?;
+    let sample = Bound::new(
+        py,
+        CompiledFunction {
+            func: py.None(),
+            installed: Installed::parse(&py.None().into_bound(py))?,
+            vectorcall: vectorcall_slot::<CompiledFunction>(),
+        },
+    )?;
+    enable_vectorcall(&sample, &sample.get().vectorcall)
 }
 
 impl CompiledFunction {
@@ -64,6 +98,7 @@ impl CompiledFunction {
         Ok(CompiledFunction {
             installed: Installed::parse(&callback)?,
             func: func.unbind(),
+            vectorcall: vectorcall_slot::<CompiledFunction>(),
         })
     }
 

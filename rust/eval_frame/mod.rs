@@ -238,9 +238,7 @@ fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FrameView>()?;
     m.add_class::<BackendCallback>()?;
-    m.add_class::<call::CompiledFunction>()?;
-    m.add_class::<call::ModuleCall>()?;
-    m.add_class::<call::ModuleCallSlot>()?;
+    call::register(m)?;
     resume::register(m)?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;

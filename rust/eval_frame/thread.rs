@@ -397,7 +397,7 @@ pub fn enter(py: Python<'_>, inst: &Installed) -> PyResult<Saved> {
         })
     } else {
         // The thread-local state was another thread state's: as `current_for`, prior is None.
-        drop(old);
+        drop(old.map(|(a, b)| (a.into_bound(py), b.into_bound(py))));
         Ok(Saved {
             tstate,
             mode: Mode::Off,
@@ -418,7 +418,9 @@ pub fn exit(py: Python<'_>, saved: Saved) {
     // Restoring never creates a holder (`enter` made one if any mode other than Off was set on
     // this thread state), so it cannot fail; if it ever did, the thread's hook is left off.
     match switch(py, tstate, mode, backend_id, cb) {
-        Ok(old) => drop(old),
+        // Released as `Bound`s: the native call path runs under a bare token, where a dropped
+        // `Py` would wait in pyo3's deferred pool.
+        Ok(old) => drop(old.map(|(a, b)| (a.into_bound(py), b.into_bound(py)))),
         Err(e) => {
             let _ = switch(py, tstate, Mode::Off, 0, None).map(drop);
             e.write_unraisable(py, None);

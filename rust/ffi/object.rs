@@ -204,3 +204,109 @@ pub fn vectorcall_slots<'py>(
         Bound::from_owned_ptr_or_err(py, res)
     }
 }
+
+/// The vectorcall function of a pyclass instance, as a field of the Rust struct: with
+/// [`enable_vectorcall`], CPython calls instances through it (no argument tuple, no keyword
+/// dict) instead of the class's `__call__` (which stays, for `type(obj).__call__(obj, ...)`).
+#[repr(transparent)]
+pub struct VectorcallSlot(ffi::vectorcallfunc);
+
+/// A call's arguments as the vectorcall protocol passes them, borrowed for the call.
+pub struct VectorArgs<'a> {
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+    _borrow: std::marker::PhantomData<&'a ()>,
+}
+
+impl VectorArgs<'_> {
+    /// `f(*args, **kwargs)` with this call's arguments, passed on as they are.
+    pub fn forward<'py>(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the arguments are live for the call (the vectorcall contract); nargsf keeps
+        // the caller's PY_VECTORCALL_ARGUMENTS_OFFSET bit, valid since `args` is unchanged.
+        unsafe {
+            let r = ffi::PyObject_Vectorcall(f.as_ptr(), self.args, self.nargsf, self.kwnames);
+            Bound::from_owned_ptr_or_err(f.py(), r)
+        }
+    }
+}
+
+/// A frozen pyclass whose instances are called through [`VectorcallSlot`].
+pub trait VectorcallTarget:
+    pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync
+{
+    /// The call, under a bare token (the GIL is held; pyo3's attach count is not raised, so
+    /// `Py<T>` values dropped here go to pyo3's deferred pool: drop `Bound`s instead).
+    fn vectorcall<'py>(&self, py: Python<'py>, args: VectorArgs<'_>)
+        -> PyResult<Bound<'py, PyAny>>;
+}
+
+/// The slot value for instances of `T`.
+pub fn vectorcall_slot<T: VectorcallTarget>() -> VectorcallSlot {
+    VectorcallSlot(vectorcall_trampoline::<T>)
+}
+
+unsafe extern "C" fn vectorcall_trampoline<T: VectorcallTarget>(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls this with the GIL held, for an instance whose type has the slot at
+    // the offset `enable_vectorcall` set: only `T`'s instances (T's type is final: pyo3 classes
+    // without `subclass` cannot be subclassed).
+    let py = Python::assume_attached();
+    let slf: Borrowed<'_, '_, T> = Borrowed::from_ptr(py, callable).cast_unchecked();
+    let call = VectorArgs {
+        args,
+        nargsf,
+        kwnames,
+        _borrow: std::marker::PhantomData,
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        slf.get().vectorcall(py, call)
+    }));
+    match r {
+        Ok(Ok(v)) => v.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            pyo3::panic::PanicException::new_err("ferrodyn: internal panic in a vectorcall")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Make CPython call instances of `T` through their [`VectorcallSlot`] field: `sample` is an
+/// instance and `slot` its field (the offset is the same in every instance). `T` must not be
+/// subclassable.
+pub fn enable_vectorcall<T: VectorcallTarget>(
+    sample: &Bound<'_, T>,
+    slot: &VectorcallSlot,
+) -> PyResult<()> {
+    let base = sample.as_ptr() as usize;
+    let field = slot as *const VectorcallSlot as usize;
+    let tp = sample.as_any().get_type();
+    let tp_ptr = tp.as_type_ptr();
+    // SAFETY: `tp_ptr` is T's live type object; the offset is checked to lie inside the
+    // instance; the flag and offset are set before any instance is called through them, with
+    // the GIL held, and the slot is initialised in every instance (a field of T).
+    unsafe {
+        let basic = (*tp_ptr).tp_basicsize as usize;
+        if field < base
+            || field + std::mem::size_of::<VectorcallSlot>() > base + basic
+            || (*tp_ptr).tp_flags & ffi::Py_TPFLAGS_BASETYPE != 0
+        {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "ferrodyn: cannot enable vectorcall on this class",
+            ));
+        }
+        (*tp_ptr).tp_vectorcall_offset = (field - base) as ffi::Py_ssize_t;
+        (*tp_ptr).tp_flags |= ffi::Py_TPFLAGS_HAVE_VECTORCALL;
+        ffi::PyType_Modified(tp_ptr);
+    }
+    Ok(())
+}
