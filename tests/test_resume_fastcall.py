@@ -280,3 +280,34 @@ def test_compiled_function_vectorcall_restores_callback_and_reference_counts():
     assert all(s is cb for s in seen)
     seen.clear()
     assert (sys.getrefcount(cb), sys.getrefcount(marker)) == before
+
+
+class KwModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x, y=None, *, scale=1.0):
+        out = x * self.w * scale
+        return out if y is None else out + y
+
+
+def test_module_call_vectorcall_argument_forms_and_hooked_path():
+    mod = KwModule()
+    opt = ferrodyn.compile(mod, backend=CountingBackend())
+    x, y = torch.randn(3), torch.randn(3)
+    with torch.no_grad():
+        for args, kwargs in (((x,), {}), ((x, y), {}), ((x,), {"y": y, "scale": 2.0}),
+                             ((x,), {"scale": 3.0})):
+            torch.testing.assert_close(opt(*args, **kwargs), mod(*args, **kwargs))
+        # a hook on the wrapper: nn.Module.__call__(wrapper, *args, **kwargs) runs it
+        seen = []
+        h = opt.register_forward_pre_hook(lambda m, a, kw: seen.append((len(a), sorted(kw))),
+                                          with_kwargs=True)
+        try:
+            torch.testing.assert_close(opt(x, y=y, scale=2.0), mod(x, y=y, scale=2.0))
+            torch.testing.assert_close(opt(x, y), mod(x, y))
+        finally:
+            h.remove()
+        assert seen == [(1, ["scale", "y"]), (2, [])]
+        torch.testing.assert_close(opt(x, scale=0.5), mod(x, scale=0.5))

@@ -231,6 +231,57 @@ impl VectorArgs<'_> {
     }
 }
 
+impl VectorArgs<'_> {
+    /// The arguments as `(args tuple, kwargs dict or None)`, with `first` (if any) prepended to
+    /// the positional ones: for the paths that call through `tp_call`.
+    pub fn to_tuple_dict<'py>(
+        &self,
+        py: Python<'py>,
+        first: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(
+        Bound<'py, pyo3::types::PyTuple>,
+        Option<Bound<'py, pyo3::types::PyDict>>,
+    )> {
+        let nargs = self.nargsf & !ffi::PY_VECTORCALL_ARGUMENTS_OFFSET;
+        // SAFETY: `args` holds `nargs` positional values followed by one value per name in
+        // `kwnames` (a tuple of str, or NULL), all live for the call (the vectorcall contract).
+        unsafe {
+            let nkw = if self.kwnames.is_null() {
+                0
+            } else {
+                ffi::PyTuple_GET_SIZE(self.kwnames) as usize
+            };
+            let all = if nargs + nkw == 0 {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(self.args, nargs + nkw)
+            };
+            let positional: Vec<Bound<'py, PyAny>> = first
+                .cloned()
+                .into_iter()
+                .chain(
+                    all[..nargs]
+                        .iter()
+                        .map(|&p| Bound::from_borrowed_ptr(py, p)),
+                )
+                .collect();
+            let tuple = pyo3::types::PyTuple::new(py, positional)?;
+            if nkw == 0 {
+                return Ok((tuple, None));
+            }
+            let dict = pyo3::types::PyDict::new(py);
+            for (i, &v) in all[nargs..].iter().enumerate() {
+                let k = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
+                dict.set_item(
+                    Bound::from_borrowed_ptr(py, k),
+                    Bound::from_borrowed_ptr(py, v),
+                )?;
+            }
+            Ok((tuple, Some(dict)))
+        }
+    }
+}
+
 /// A frozen pyclass whose instances are called through [`VectorcallSlot`].
 pub trait VectorcallTarget:
     pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync
