@@ -129,7 +129,7 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
     let py = frame.py();
     let state = frame.code_state();
     let code = frame.code().to_owned();
-    let at_limit = state.map_or(cache::cache_size_limit() == 0, |s| s.at_limit());
+    let at_limit = state.map_or(cache::cache_size_limit() == 0, |s| s.at_limit(py));
     if at_limit {
         let warned =
             code_extra::state_or_init(&code).and_then(|st| cache::limit_reached(&code, st));
