@@ -7,7 +7,7 @@
 //! replaced (thread-local state). It binds as a method (`__get__`), and carries a `__dict__`
 //! for `functools.update_wrapper`.
 //!
-//! `ModuleCall` is `OptimizedModule.__call__` (installed per instance; `ModuleCallSlot` is the
+//! `ModuleCall` (also called by vectorcall) is `OptimizedModule.__call__` (installed per instance; `ModuleCallSlot` is the
 //! class-level descriptor that finds it): when neither the wrapper nor the original module has
 //! hooks (checked on every call: torch's global hook dicts, both modules' hook dicts,
 //! `_compiled_call_impl`, the wrapper's `forward`, JIT tracing), it calls the original's

@@ -6,7 +6,8 @@
 //! set, [`on_frame_miss`]) what to do with each candidate frame.
 //! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
 //! callback (`thread`), the frame view (`view`), the native call path of compiled functions
-//! and modules (`call`). Does not own: entry storage (`crate::cache`)
+//! and modules (`call`), the direct call of a resume function's cached entry (`resume`).
+//! Does not own: entry storage (`crate::cache`)
 //! or guard evaluation (`crate::guards`).
 mod call;
 mod debug;
