@@ -137,14 +137,20 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     throwflag: c_int,
 ) -> *mut ffi::PyObject {
     let (mode, backend_id) = crate::eval_frame::thread_hook(tstate as usize);
-    if mode == crate::eval_frame::Mode::Off || throwflag != 0 || !replaceable(tstate, frame) {
+    if mode == crate::eval_frame::Mode::Off || throwflag != 0 {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
     let code = version::frame_code(frame);
+    // 3.13's `f_executable` may be None (shim frames): only a code object has cache state.
+    if code.is_null() || ffi::PyCode_Check(code) == 0 {
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
     // The code's cache state; the frame keeps its code (and so the state) alive throughout.
     let state = super::code_extra::state_raw(code);
-    if !crate::eval_frame::worth_offering(mode, state) {
-        // SKIP code, or run-only with no entries: nothing to do, decided without attaching.
+    // SKIP code (entry functions, compiled graphs), or run-only with no entries: nothing to do,
+    // decided before the structural checks (which read every argument slot) and without
+    // attaching.
+    if !crate::eval_frame::worth_offering(mode, state) || !replaceable(tstate, frame) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
     // GIL held: a plain load and store.
