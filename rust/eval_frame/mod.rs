@@ -80,13 +80,10 @@ pub fn on_frame_cached(
             Python::attach(|_| ());
         }
         if let Some(f) = hit {
-            if exports.is_empty() {
-                return Some(FrameAction::Return(
-                    frame.call_with_slots(&f).map(Bound::unbind),
-                ));
-            }
+            // `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it
+            // the values of exported nodes (graph inputs read during the check) takes them last.
             return Some(FrameAction::Return(
-                call_with_exports(frame, &f, exports).map(Bound::unbind),
+                frame.call_with_slots(&f, &exports).map(Bound::unbind),
             ));
         }
     }
@@ -94,35 +91,6 @@ pub fn on_frame_cached(
         return Some(FrameAction::RunDefault);
     }
     None
-}
-
-/// `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it the values
-/// of exported nodes (graph inputs read during the check).
-fn call_with_exports<'py>(
-    frame: &InterceptedFrame<'py>,
-    f: &Bound<'py, PyAny>,
-    exports: Vec<Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = frame.py();
-    let slots = frame.arg_slots();
-    let closure = frame.closure();
-    let ncells = closure.as_ref().map_or(0, |c| c.len());
-    let mut args: Vec<Bound<'py, PyAny>> = Vec::with_capacity(slots.len() + ncells + exports.len());
-    for i in 0..slots.len() {
-        match slots.get(py, i) {
-            Some(v) => args.push(v.to_owned()),
-            None => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "ferrodyn: unbound argument slot",
-                ))
-            }
-        }
-    }
-    if let Some(cells) = closure {
-        args.extend(cells.iter());
-    }
-    args.extend(exports);
-    f.call1(pyo3::types::PyTuple::new(py, args)?)
 }
 
 /// The miss path (a callback is set and no entry passed): the limit, then the callback.
@@ -193,10 +161,7 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
             if !runnable {
                 return FrameAction::RunDefault;
             }
-            if exports.is_empty() {
-                return FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind));
-            }
-            FrameAction::Return(call_with_exports(frame, &f, exports).map(Bound::unbind))
+            FrameAction::Return(frame.call_with_slots(&f, &exports).map(Bound::unbind))
         }
     }
 }

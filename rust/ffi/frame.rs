@@ -330,9 +330,15 @@ impl<'py> InterceptedFrame<'py> {
         }
     }
 
-    /// `fn(*arg_slots, *closure_cells)` by vectorcall, without copying when there is no closure
-    /// (and the slots are untagged, as up to 3.13).
-    pub fn call_with_slots(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// `fn(*arg_slots, *closure_cells, *extra)` by vectorcall: the slots passed as they are
+    /// (no copy) when there is no closure and nothing extra (and the slots are untagged, as up
+    /// to 3.13), else copied into one array of borrowed pointers (no tuple, no references
+    /// taken).
+    pub fn call_with_slots(
+        &self,
+        f: &Bound<'py, PyAny>,
+        extra: &[Bound<'py, PyAny>],
+    ) -> PyResult<Bound<'py, PyAny>> {
         let slots = self.arg_slots();
         let n = slots.len();
         if !slots.all_bound() {
@@ -341,21 +347,23 @@ impl<'py> InterceptedFrame<'py> {
             ));
         }
         let args = slots.untagged();
-        // SAFETY: the slots are valid (see arg_slots) and borrowed by the callee for the call.
+        let closure = self.closure();
+        // SAFETY: the slots are valid (see arg_slots), the cells belong to the frame's
+        // function and `extra` is held by the caller: all borrowed by the callee for the call.
         unsafe {
-            let res = match self.closure() {
-                None => {
-                    ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
-                }
-                Some(cells) => {
-                    let m = cells.len();
-                    let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + m);
-                    buf.extend_from_slice(&args);
+            let res = if closure.is_none() && extra.is_empty() {
+                ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
+            } else {
+                let m = closure.as_ref().map_or(0, |c| c.len());
+                let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + m + extra.len());
+                buf.extend_from_slice(&args);
+                if let Some(cells) = &closure {
                     for i in 0..m {
                         buf.push(ffi::PyTuple_GET_ITEM(cells.as_ptr(), i as ffi::Py_ssize_t));
                     }
-                    ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), n + m, std::ptr::null_mut())
                 }
+                buf.extend(extra.iter().map(|e| e.as_ptr()));
+                ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), buf.len(), std::ptr::null_mut())
             };
             Bound::from_owned_ptr_or_err(self.py, res)
         }
