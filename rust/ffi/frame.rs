@@ -151,8 +151,22 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     // decided before the structural checks (which read every argument slot) and without
     // attaching.
     if !crate::eval_frame::worth_offering(mode, state) || !replaceable(tstate, frame) {
+        // A tail call: frames run unchanged keep no frame of the hook on the C stack.
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
+    offer(tstate, frame, mode, backend_id, state)
+}
+
+/// The frame offered to `eval_frame` (kept out of the hook's own body so that the paths that
+/// run a frame unchanged stay a few loads and a tail call).
+#[inline(never)]
+unsafe fn offer(
+    tstate: *mut ffi::PyThreadState,
+    frame: *mut InterpreterFrame,
+    mode: crate::eval_frame::Mode,
+    backend_id: i64,
+    state: Option<&CodeState>,
+) -> *mut ffi::PyObject {
     // GIL held: a plain load and store.
     OFFERED.store(
         OFFERED.load(Ordering::Relaxed).wrapping_add(1),
@@ -185,7 +199,8 @@ unsafe extern "C" fn ferrodyn_eval_frame(
         }
     };
     match outcome {
-        None => _PyEval_EvalFrameDefault(tstate, frame, throwflag),
+        // `throwflag` is 0 here (a frame resumed with an exception is never offered).
+        None => _PyEval_EvalFrameDefault(tstate, frame, 0),
         Some(ptr) => {
             version::finish_replaced_frame(tstate, frame);
             ptr
