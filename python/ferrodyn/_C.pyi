@@ -110,6 +110,17 @@ class ModuleCall:
     def __init__(self, wrapper: Any, orig: Any, target: CompiledFunction, inline: bool) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
+class ResumeCall:
+    """The `self` data of a `resume_call` builtin (one resume function); not called directly."""
+
+def resume_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The callable an entry calls its resume function `fn` through: a builtin that, when this
+    thread's hook is on and `fn`'s code cache has an entry whose guards pass on the call's
+    positional arguments (with `fn`'s globals and builtins), calls that entry with them
+    directly (no frame of `fn`); otherwise calls `fn` (the hook then decides as for any frame).
+    `fn` itself when it is not a plain function without closure, `*args`, `**kwargs`,
+    keyword-only parameters or generator/coroutine flags."""
+
 class ModuleCallSlot:
     """The class-level `__call__` descriptor of OptimizedModule: on an instance it gives the
     instance's `_ferrodyn_call` (a ModuleCall), or `nn.Module.__call__` bound to it."""

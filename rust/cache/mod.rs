@@ -1,6 +1,7 @@
 //! The per-code cache: compiled entries (`CacheEntry`) of each code object, kept in the code's
 //! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first against
-//! their guard trees (entries past the first pre-filtered by their tree's discriminator leaf), with a per-code size limit and global counters.
+//! their guard trees (entries past the first pre-filtered by their tree's discriminator leaf), with a per-code size limit and global counters. The list is touched under the GIL only
+//! (`ffi::code_extra::GilCell`: no lock); a hit on the first entry takes no snapshot of it.
 //!
 //! Owns: entry storage and order, the limit and its one-time warning, the counters, `reset()`.
 //! Does not own: the frame hook (`crate::eval_frame`), guard evaluation (`crate::guards`).
@@ -8,13 +9,13 @@ pub mod policy;
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCode, PyDict};
 
-use crate::ffi::code_extra;
+use crate::ffi::code_extra::{self, GilCell};
 use crate::guards::{GuardInput, GuardTree};
 use policy::EntryList;
 
@@ -133,7 +134,8 @@ impl CodeFlag {
 /// Everything ferrodyn keeps for one code object (lives in its `co_extra`, dies with it).
 #[derive(Default)]
 pub struct CodeState {
-    entries: Mutex<EntryList<EntryRef>>,
+    /// Read and written under the GIL only (no lock, no atomic per lookup).
+    entries: GilCell<EntryList<EntryRef>>,
     /// The list's length, readable without the lock (the hook's pre-check).
     len: AtomicUsize,
     flag: AtomicU8,
@@ -141,10 +143,12 @@ pub struct CodeState {
 }
 
 impl CodeState {
-    /// Locking never runs Python code (nothing is dropped or called under the lock), so the
-    /// lock cannot be re-entered; a poisoned lock (a panic elsewhere) is still usable.
-    fn lock(&self) -> MutexGuard<'_, EntryList<EntryRef>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    /// `f` on the entry list. `f` never runs Python code (nothing is dropped or called in
+    /// it), so the list cannot be re-entered.
+    fn list<R>(&self, py: Python<'_>, f: impl FnOnce(&mut EntryList<EntryRef>) -> R) -> R {
+        self.entries
+            .with(py, f)
+            .expect("ferrodyn: the entry list was re-entered")
     }
 
     pub fn flag(&self) -> CodeFlag {
@@ -164,12 +168,12 @@ impl CodeState {
         self.len.load(Ordering::Relaxed) == 0
     }
 
-    pub fn snapshot(&self) -> Arc<Vec<EntryRef>> {
-        self.lock().snapshot()
+    pub fn snapshot(&self, py: Python<'_>) -> Arc<Vec<EntryRef>> {
+        self.list(py, |l| l.snapshot())
     }
 
-    pub fn at_limit(&self) -> bool {
-        self.lock().at_limit(cache_size_limit())
+    pub fn at_limit(&self, py: Python<'_>) -> bool {
+        self.list(py, |l| l.at_limit(cache_size_limit()))
     }
 
     /// Insert at the front; false (and nothing inserted) at the limit. The entry function's
@@ -180,42 +184,39 @@ impl CodeState {
     /// moved to the front instead: no duplicates.
     pub fn insert(&self, code: &Bound<'_, PyCode>, entry: EntryRef) -> bool {
         mark_entry_code_skip(code, entry.get());
-        let refused = {
-            let mut l = self.lock();
-            let ptr = entry.as_ptr();
+        let ptr = entry.as_ptr();
+        let outcome = self.list(code.py(), |l| {
             if l.snapshot().iter().any(|e| e.as_ptr() == ptr) {
                 l.promote(|e| e.as_ptr() == ptr);
-                drop(l);
-                drop(entry); // outside the lock
-                return true;
+                return Err((entry, true)); // already there: promoted
             }
-            let r = l.insert_front(entry, cache_size_limit()).err();
+            let r = l.insert_front(entry, cache_size_limit());
             self.len.store(l.len(), Ordering::Relaxed);
-            r
-        };
-        match refused {
-            None => {
+            r.map_err(|(_, refused)| (refused, false))
+        });
+        // Entries not kept are dropped here, outside the list access (dropping may run Python).
+        match outcome {
+            Ok(()) => {
                 ENTRIES.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Some((_, e)) => {
-                drop(e); // outside the lock
-                false
+            Err((e, promoted)) => {
+                drop(e);
+                promoted
             }
         }
     }
 
-    fn promote(&self, entry: &EntryRef) {
-        self.lock().promote(|e| Arc::ptr_eq(e, entry));
+    fn promote(&self, py: Python<'_>, entry: &EntryRef) {
+        self.list(py, |l| l.promote(|e| Arc::ptr_eq(e, entry)));
     }
 
     /// Drop every entry and clear the flags.
-    fn clear(&self) {
-        let old = {
-            let mut l = self.lock();
+    fn clear(&self, py: Python<'_>) {
+        let old = self.list(py, |l| {
             self.len.store(0, Ordering::Relaxed);
             l.take_all()
-        };
+        });
         self.set_flag(CodeFlag::Default);
         self.warned.store(false, Ordering::Relaxed);
         ENTRIES.fetch_sub(old.len() as i64, Ordering::Relaxed);
@@ -230,11 +231,7 @@ impl CodeState {
 
 impl Drop for CodeState {
     fn drop(&mut self) {
-        let n = self
-            .entries
-            .get_mut()
-            .map(|l| l.len())
-            .unwrap_or_else(|p| p.into_inner().len());
+        let n = self.entries.get_mut().len();
         ENTRIES.fetch_sub(n as i64, Ordering::Relaxed);
     }
 }
@@ -292,54 +289,105 @@ pub fn backend_matches(entry: i64, current: i64) -> bool {
 /// been cleared on the way (a whole tree failed, or a discriminator read raised), for the
 /// caller to release. Entries of other backends are not checked.
 /// The exported node values of the hit entry's tree go to `exports` (see
-/// `GuardTree::check_export`).
+/// `GuardTree::check_export`). The hit is returned as its entry's function (a strong
+/// reference: running it may reset the cache and drop the entry). `count_failures`: false
+/// for a look-ahead whose miss is looked up again by the hook (so failures count once).
 pub fn lookup<'py>(
     py: Python<'py>,
     state: &CodeState,
     input: &GuardInput<'_, 'py>,
     backend_id: i64,
     exports: &mut Vec<Bound<'py, PyAny>>,
-) -> (Option<EntryRef>, bool) {
-    let snap = state.snapshot();
+    count_failures: bool,
+) -> (Option<Bound<'py, PyAny>>, bool) {
+    // The first entry (the most recently hit) is checked without a snapshot of the list: a
+    // strong reference (a Python incref) keeps it alive while its guards run.
+    let Some(first) = state.list(py, |l| l.first().map(|e| e.bind(py).clone())) else {
+        return (None, false);
+    };
+    // With several entries, most were compiled for other inputs (shapes, dtypes): each is
+    // first tried with its discriminator leaf alone, so that a hit on the 8th entry costs
+    // about a hit on the 1st.
+    let many = state.len.load(Ordering::Relaxed) > 1;
     let mut errors = false;
-    let many = snap.len() > 1;
+    let mut attempt = Attempt {
+        input,
+        backend_id,
+        many,
+        count_failures,
+        errors: &mut errors,
+    };
+    if let Some(func) = attempt.run(py, first.get(), exports) {
+        return (Some(func), errors);
+    }
+    if !many {
+        return (None, errors);
+    }
+    let snap = state.snapshot(py);
     for (i, e) in snap.iter().enumerate() {
-        let entry = e.get();
-        if !backend_matches(entry.backend_id, backend_id) {
+        if e.as_ptr() == first.as_ptr() {
             continue;
         }
+        if let Some(func) = attempt.run(py, e.get(), exports) {
+            if i != 0 {
+                // Most recently hit first. Promote after letting go of the snapshot, so that
+                // the list is rotated in place rather than copied.
+                let hit = Arc::clone(e);
+                drop(snap);
+                state.promote(py, &hit);
+            }
+            return (Some(func), errors);
+        }
+    }
+    (None, errors)
+}
+
+/// One lookup's check of its entries (see [`lookup`]).
+struct Attempt<'a, 'i, 'py> {
+    input: &'a GuardInput<'i, 'py>,
+    backend_id: i64,
+    many: bool,
+    count_failures: bool,
+    errors: &'a mut bool,
+}
+
+impl<'py> Attempt<'_, '_, 'py> {
+    /// The entry's function if it is of this backend and its guards pass (a hit, counted).
+    fn run(
+        &mut self,
+        py: Python<'py>,
+        entry: &CacheEntry,
+        exports: &mut Vec<Bound<'py, PyAny>>,
+    ) -> Option<Bound<'py, PyAny>> {
+        if !backend_matches(entry.backend_id, self.backend_id) {
+            return None;
+        }
         let tree = entry.guards.get();
-        // With several entries, most were compiled for other inputs (shapes, dtypes): reject
-        // those with the discriminator leaf alone, so that a hit on the 8th
-        // entry costs about a hit on the 1st.
-        if many {
-            if let Some(errored) = tree.quick_reject(py, input) {
-                errors |= errored;
-                bump(&GUARD_FAILURES);
-                continue;
+        if self.many {
+            if let Some(errored) = tree.quick_reject(py, self.input) {
+                *self.errors |= errored;
+                if self.count_failures {
+                    bump(&GUARD_FAILURES);
+                }
+                return None;
             }
         }
         let pass = if tree.has_exports() {
-            tree.check_export(py, input, exports)
+            tree.check_export(py, self.input, exports)
         } else {
-            tree.check_input(py, input)
+            tree.check_input(py, self.input)
         };
         if pass {
             entry.record_hit();
             bump(&HITS);
-            let hit = Arc::clone(e);
-            if i != 0 {
-                // Most recently hit first. Promote after letting go of the snapshot, so that
-                // the list is rotated in place rather than copied.
-                drop(snap);
-                state.promote(&hit);
-            }
-            return (Some(hit), errors);
+            return Some(entry.func.bind(py).clone());
         }
-        errors = true;
-        bump(&GUARD_FAILURES);
+        *self.errors = true;
+        if self.count_failures {
+            bump(&GUARD_FAILURES);
+        }
+        None
     }
-    (None, errors)
 }
 
 /// `code` is at the limit and a frame of it will run normally: count it, and warn once per
@@ -385,7 +433,7 @@ fn as_code<'a, 'py>(code: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyCo
 fn cache_entries(py: Python<'_>, code: Bound<'_, PyAny>) -> PyResult<Vec<Py<CacheEntry>>> {
     let code = as_code(&code)?;
     Ok(match code_extra::state(code) {
-        Some(s) => s.snapshot().iter().map(|e| e.clone_ref(py)).collect(),
+        Some(s) => s.snapshot(py).iter().map(|e| e.clone_ref(py)).collect(),
         None => Vec::new(),
     })
 }
@@ -429,7 +477,7 @@ fn cache_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn reset(py: Python<'_>) {
     for code in code_extra::codes_with_state(py) {
         if let Some(s) = code_extra::state(&code) {
-            s.clear();
+            s.clear(py);
         }
     }
     for c in [&HITS, &MISSES, &GUARD_FAILURES, &LIMIT_REACHED] {

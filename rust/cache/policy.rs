@@ -39,6 +39,11 @@ impl<T: Clone> EntryList<T> {
         self.items.len() >= limit
     }
 
+    /// The most recently hit entry.
+    pub fn first(&self) -> Option<&T> {
+        self.items.first()
+    }
+
     /// The current entries, most recently hit first.
     pub fn snapshot(&self) -> Arc<Vec<T>> {
         Arc::clone(&self.items)

@@ -1,13 +1,13 @@
 //! The native call path: what `ferrodyn.compile(fn)` and `ferrodyn.compile(module)` return
 //! calls into, with no Python frame of ferrodyn's own per call.
 //!
-//! `CompiledFunction(fn, callback)`: calling it installs `callback` as this thread's frame
+//! `CompiledFunction(fn, callback)` (called by vectorcall: no argument tuple): calling it installs `callback` as this thread's frame
 //! callback (parsed once, at construction), calls `fn` with the same arguments, and restores
 //! the previous callback, also when `fn` raises; nested and concurrent calls restore what they
 //! replaced (thread-local state). It binds as a method (`__get__`), and carries a `__dict__`
 //! for `functools.update_wrapper`.
 //!
-//! `ModuleCall` is `OptimizedModule.__call__` (installed per instance; `ModuleCallSlot` is the
+//! `ModuleCall` (also called by vectorcall) is `OptimizedModule.__call__` (installed per instance; `ModuleCallSlot` is the
 //! class-level descriptor that finds it): when neither the wrapper nor the original module has
 //! hooks (checked on every call: torch's global hook dicts, both modules' hook dicts,
 //! `_compiled_call_impl`, the wrapper's `forward`, JIT tracing), it calls the original's
@@ -21,7 +21,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 
 use super::thread::{self, Installed};
-use crate::ffi::object as raw;
+use crate::ffi::object::{
+    self as raw, enable_vectorcall, vectorcall_slot, VectorArgs, VectorcallSlot, VectorcallTarget,
+};
 
 /// A function compiled with ferrodyn (see the module docs).
 #[pyclass(
@@ -34,22 +36,52 @@ use crate::ffi::object as raw;
 pub struct CompiledFunction {
     func: Py<PyAny>,
     installed: Installed,
+    /// Calls come in through here (`enable_vectorcall`, at registration), not `__call__`.
+    vectorcall: VectorcallSlot,
 }
 
-impl CompiledFunction {
-    /// `func(*args, **kwargs)` with this function's callback installed.
-    fn call<'py>(
+impl VectorcallTarget for CompiledFunction {
+    fn vectorcall<'py>(
         &self,
         py: Python<'py>,
-        func: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
+        args: VectorArgs<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let saved = thread::enter(py, &self.installed)?;
-        let r = func.call(args, kwargs);
+        let r = args.forward(self.func.bind(py));
         thread::exit(py, saved);
         r
     }
+}
+
+/// Register the classes of this module, with `CompiledFunction` called by vectorcall.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<CompiledFunction>()?;
+    m.add_class::<ModuleCall>()?;
+    m.add_class::<ModuleCallSlot>()?;
+    let sample = Bound::new(
+        py,
+        CompiledFunction {
+            func: py.None(),
+            installed: Installed::parse(&py.None().into_bound(py))?,
+            vectorcall: vectorcall_slot::<CompiledFunction>(),
+        },
+    )?;
+    enable_vectorcall(&sample, &sample.get().vectorcall)?;
+    let module_sample = Bound::new(
+        py,
+        ModuleCall {
+            wrapper: PyWeakrefReference::new(m.as_any())?.unbind(),
+            orig: py.None(),
+            target: sample.clone().unbind(),
+            inline: false,
+            module_call: py.None(),
+            torch_globals: PyDict::new(py).unbind(),
+            is_tracing: py.None(),
+            vectorcall: vectorcall_slot::<ModuleCall>(),
+        },
+    )?;
+    enable_vectorcall(&module_sample, &module_sample.get().vectorcall)
 }
 
 #[pymethods]
@@ -64,6 +96,7 @@ impl CompiledFunction {
         Ok(CompiledFunction {
             installed: Installed::parse(&callback)?,
             func: func.unbind(),
+            vectorcall: vectorcall_slot::<CompiledFunction>(),
         })
     }
 
@@ -74,7 +107,7 @@ impl CompiledFunction {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.call(py, self.func.bind(py), args, kwargs)
+        self.call_under(py, self.func.bind(py), &Call::Tuple(args, kwargs))
     }
 
     /// Bind as a method, like a Python function.
@@ -149,6 +182,8 @@ pub struct ModuleCall {
     module_call: Py<PyAny>,
     torch_globals: Py<PyDict>,
     is_tracing: Py<PyAny>,
+    /// Calls come in through here (`enable_vectorcall`), not `__call__`.
+    vectorcall: VectorcallSlot,
 }
 
 /// Whether an nn.Module's instance dict says `__call__` is exactly `forward` (no hooks, no
@@ -218,6 +253,7 @@ impl ModuleCall {
                 .unbind(),
             torch_globals: module.dict().unbind(),
             is_tracing: py.import("torch._C")?.getattr("_is_tracing")?.unbind(),
+            vectorcall: vectorcall_slot::<ModuleCall>(),
         })
     }
 
@@ -228,6 +264,79 @@ impl ModuleCall {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        self.dispatch(py, Call::Tuple(args, kwargs))
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.orig)?;
+        visit.call(&self.target)?;
+        Ok(())
+    }
+}
+
+/// A call's arguments: as `tp_call` receives them, or as vectorcall does.
+enum Call<'a, 'py> {
+    Tuple(&'a Bound<'py, PyTuple>, Option<&'a Bound<'py, PyDict>>),
+    Vector(VectorArgs<'a>),
+}
+
+impl<'py> Call<'_, 'py> {
+    /// `f(*args, **kwargs)`.
+    fn call(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Call::Tuple(args, kwargs) => f.call((*args).clone(), *kwargs),
+            Call::Vector(v) => v.forward(f),
+        }
+    }
+
+    /// `f(first, *args, **kwargs)`.
+    fn call_with_first(
+        &self,
+        f: &Bound<'py, PyAny>,
+        first: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = f.py();
+        match self {
+            Call::Tuple(args, kwargs) => {
+                let full: Vec<Bound<'py, PyAny>> =
+                    std::iter::once(first).chain(args.iter()).collect();
+                f.call(PyTuple::new(py, full)?, *kwargs)
+            }
+            Call::Vector(v) => {
+                let (args, kwargs) = v.to_tuple_dict(py, Some(&first))?;
+                f.call(args, kwargs.as_ref())
+            }
+        }
+    }
+}
+
+impl CompiledFunction {
+    /// `func(*call)` with this function's callback installed.
+    fn call_under<'py>(
+        &self,
+        py: Python<'py>,
+        func: &Bound<'py, PyAny>,
+        call: &Call<'_, 'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let saved = thread::enter(py, &self.installed)?;
+        let r = call.call(func);
+        thread::exit(py, saved);
+        r
+    }
+}
+
+impl VectorcallTarget for ModuleCall {
+    fn vectorcall<'py>(
+        &self,
+        py: Python<'py>,
+        args: VectorArgs<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.dispatch(py, Call::Vector(args))
+    }
+}
+
+impl ModuleCall {
+    fn dispatch<'py>(&self, py: Python<'py>, call: Call<'_, 'py>) -> PyResult<Bound<'py, PyAny>> {
         let Some(wrapper) = self.wrapper.bind(py).upgrade() else {
             return Err(pyo3::exceptions::PyReferenceError::new_err(
                 "ferrodyn: the OptimizedModule of this call has died",
@@ -243,24 +352,15 @@ impl ModuleCall {
         if !wrapper_plain {
             // Hooks on the wrapper (or global ones, or JIT tracing): nn.Module.__call__ runs
             // them and calls the wrapper's forward, whatever it is now.
-            let full: Vec<Bound<'py, PyAny>> =
-                std::iter::once(wrapper).chain(args.iter()).collect();
-            let full = PyTuple::new(py, full)?;
-            return self.module_call.bind(py).call(full, kwargs);
+            return call.call_with_first(self.module_call.bind(py), wrapper);
         }
         let t = target.get();
         let orig = self.orig.bind(py);
         if self.inline || !module_dict(orig).is_some_and(|d| plain_module(py, orig, &d)) {
-            return t.call(py, t.func.bind(py), args, kwargs);
+            return t.call_under(py, t.func.bind(py), &call);
         }
         let forward = orig.getattr(intern!(py, "forward"))?;
-        t.call(py, &forward, args, kwargs)
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.orig)?;
-        visit.call(&self.target)?;
-        Ok(())
+        t.call_under(py, &forward, &call)
     }
 }
 

@@ -6,10 +6,12 @@
 //! set, [`on_frame_miss`]) what to do with each candidate frame.
 //! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
 //! callback (`thread`), the frame view (`view`), the native call path of compiled functions
-//! and modules (`call`). Does not own: entry storage (`crate::cache`)
+//! and modules (`call`), the direct call of a resume function's cached entry (`resume`).
+//! Does not own: entry storage (`crate::cache`)
 //! or guard evaluation (`crate::guards`).
 mod call;
 mod debug;
+mod resume;
 mod thread;
 mod view;
 
@@ -69,7 +71,7 @@ pub fn on_frame_cached(
         }
         let mut exports = Vec::new();
         let (hit, errors) = with_guard_input(frame, |input| {
-            cache::lookup(py, st, input, backend_id, &mut exports)
+            cache::lookup(py, st, input, backend_id, &mut exports, true)
         });
         if errors {
             // A failing guard may have swallowed an exception, released under the bare token
@@ -77,15 +79,11 @@ pub fn on_frame_cached(
             // next attaches. Hits on the first entry (the common case) skip this.
             Python::attach(|_| ());
         }
-        if let Some(entry) = hit {
-            let f = entry.get().func().bind(py).clone();
-            if exports.is_empty() {
-                return Some(FrameAction::Return(
-                    frame.call_with_slots(&f).map(Bound::unbind),
-                ));
-            }
+        if let Some(f) = hit {
+            // `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it
+            // the values of exported nodes (graph inputs read during the check) takes them last.
             return Some(FrameAction::Return(
-                call_with_exports(frame, &f, exports).map(Bound::unbind),
+                frame.call_with_slots(&f, &exports).map(Bound::unbind),
             ));
         }
     }
@@ -95,41 +93,12 @@ pub fn on_frame_cached(
     None
 }
 
-/// `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it the values
-/// of exported nodes (graph inputs read during the check).
-fn call_with_exports<'py>(
-    frame: &InterceptedFrame<'py>,
-    f: &Bound<'py, PyAny>,
-    exports: Vec<Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = frame.py();
-    let slots = frame.arg_slots();
-    let closure = frame.closure();
-    let ncells = closure.as_ref().map_or(0, |c| c.len());
-    let mut args: Vec<Bound<'py, PyAny>> = Vec::with_capacity(slots.len() + ncells + exports.len());
-    for i in 0..slots.len() {
-        match slots.get(py, i) {
-            Some(v) => args.push(v.to_owned()),
-            None => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "ferrodyn: unbound argument slot",
-                ))
-            }
-        }
-    }
-    if let Some(cells) = closure {
-        args.extend(cells.iter());
-    }
-    args.extend(exports);
-    f.call1(pyo3::types::PyTuple::new(py, args)?)
-}
-
 /// The miss path (a callback is set and no entry passed): the limit, then the callback.
 pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
     let py = frame.py();
     let state = frame.code_state();
     let code = frame.code().to_owned();
-    let at_limit = state.map_or(cache::cache_size_limit() == 0, |s| s.at_limit());
+    let at_limit = state.map_or(cache::cache_size_limit() == 0, |s| s.at_limit(py));
     if at_limit {
         let warned =
             code_extra::state_or_init(&code).and_then(|st| cache::limit_reached(&code, st));
@@ -192,10 +161,7 @@ pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {
             if !runnable {
                 return FrameAction::RunDefault;
             }
-            if exports.is_empty() {
-                return FrameAction::Return(frame.call_with_slots(&f).map(Bound::unbind));
-            }
-            FrameAction::Return(call_with_exports(frame, &f, exports).map(Bound::unbind))
+            FrameAction::Return(frame.call_with_slots(&f, &exports).map(Bound::unbind))
         }
     }
 }
@@ -238,9 +204,8 @@ fn code_flags(code: Bound<'_, PyAny>) -> PyResult<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FrameView>()?;
     m.add_class::<BackendCallback>()?;
-    m.add_class::<call::CompiledFunction>()?;
-    m.add_class::<call::ModuleCall>()?;
-    m.add_class::<call::ModuleCallSlot>()?;
+    call::register(m)?;
+    resume::register(m)?;
     m.add_function(wrap_pyfunction!(set_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(get_eval_frame, m)?)?;
     m.add_function(wrap_pyfunction!(skip_code, m)?)?;

@@ -144,15 +144,26 @@ pub struct CallbackHolder {
     active: Arc<AtomicBool>,
 }
 
+// The flags and the count are only written with the GIL held (`switch` runs under it, and a
+// holder is dropped under it), so a plain load and store replaces each locked
+// read-modify-write (two per compiled call each way): the GIL serialises the writers.
+
 fn activate(active: &AtomicBool) {
-    if !active.swap(true, Ordering::AcqRel) {
-        ACTIVE.fetch_add(1, Ordering::AcqRel);
+    if !active.load(Ordering::Relaxed) {
+        active.store(true, Ordering::Relaxed);
+        ACTIVE.store(ACTIVE.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 }
 
 /// Clear the flag; true when that gave back the last share (the caller uninstalls).
 fn release(active: &AtomicBool) -> bool {
-    active.swap(false, Ordering::AcqRel) && ACTIVE.fetch_sub(1, Ordering::AcqRel) == 1
+    if !active.load(Ordering::Relaxed) {
+        return false;
+    }
+    active.store(false, Ordering::Relaxed);
+    let n = ACTIVE.load(Ordering::Relaxed).saturating_sub(1);
+    ACTIVE.store(n, Ordering::Relaxed);
+    n == 0
 }
 
 fn deactivate(active: &AtomicBool) {
@@ -386,7 +397,7 @@ pub fn enter(py: Python<'_>, inst: &Installed) -> PyResult<Saved> {
         })
     } else {
         // The thread-local state was another thread state's: as `current_for`, prior is None.
-        drop(old);
+        drop(old.map(|(a, b)| (a.into_bound(py), b.into_bound(py))));
         Ok(Saved {
             tstate,
             mode: Mode::Off,
@@ -407,7 +418,9 @@ pub fn exit(py: Python<'_>, saved: Saved) {
     // Restoring never creates a holder (`enter` made one if any mode other than Off was set on
     // this thread state), so it cannot fail; if it ever did, the thread's hook is left off.
     match switch(py, tstate, mode, backend_id, cb) {
-        Ok(old) => drop(old),
+        // Released as `Bound`s: the native call path runs under a bare token, where a dropped
+        // `Py` would wait in pyo3's deferred pool.
+        Ok(old) => drop(old.map(|(a, b)| (a.into_bound(py), b.into_bound(py)))),
         Err(e) => {
             let _ = switch(py, tstate, Mode::Off, 0, None).map(drop);
             e.write_unraisable(py, None);

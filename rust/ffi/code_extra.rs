@@ -148,3 +148,51 @@ pub fn codes_with_state(py: Python<'_>) -> Vec<Bound<'_, PyCode>> {
         })
         .collect()
 }
+
+/// A value that is only read and written with the GIL held, so that it needs no lock and no
+/// atomic read-modify-write (this crate refuses free-threaded builds: `ffi/mod.rs`). Every
+/// access goes through [`GilCell::with`], which takes the `Python` token as proof and gives
+/// `f` exclusive access; `f` must not run Python code (the only way another access could start
+/// meanwhile: a re-entry on this thread, which `with` refuses with None, or another thread
+/// taking the GIL).
+pub struct GilCell<T> {
+    busy: std::cell::Cell<bool>,
+    value: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: all access is serialised by the GIL (see the type's docs); `busy` stops re-entry.
+unsafe impl<T: Send> Sync for GilCell<T> {}
+
+impl<T: Default> Default for GilCell<T> {
+    fn default() -> Self {
+        GilCell {
+            busy: std::cell::Cell::new(false),
+            value: std::cell::UnsafeCell::new(T::default()),
+        }
+    }
+}
+
+impl<T> GilCell<T> {
+    /// `f(&mut value)`, or None when called from inside another `with` on this cell.
+    #[inline]
+    pub fn with<R>(&self, _py: Python<'_>, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        if self.busy.replace(true) {
+            return None;
+        }
+        struct Release<'a>(&'a std::cell::Cell<bool>);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _release = Release(&self.busy);
+        // SAFETY: the GIL is held (the token) and `busy` was clear: no other reference to the
+        // value exists until `_release` clears it.
+        Some(f(unsafe { &mut *self.value.get() }))
+    }
+
+    /// Exclusive access through `&mut self`.
+    pub fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut()
+    }
+}

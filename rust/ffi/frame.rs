@@ -137,16 +137,36 @@ unsafe extern "C" fn ferrodyn_eval_frame(
     throwflag: c_int,
 ) -> *mut ffi::PyObject {
     let (mode, backend_id) = crate::eval_frame::thread_hook(tstate as usize);
-    if mode == crate::eval_frame::Mode::Off || throwflag != 0 || !replaceable(tstate, frame) {
+    if mode == crate::eval_frame::Mode::Off || throwflag != 0 {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
     let code = version::frame_code(frame);
-    // The code's cache state; the frame keeps its code (and so the state) alive throughout.
-    let state = super::code_extra::state_raw(code);
-    if !crate::eval_frame::worth_offering(mode, state) {
-        // SKIP code, or run-only with no entries: nothing to do, decided without attaching.
+    // 3.13's `f_executable` may be None (shim frames): only a code object has cache state.
+    if code.is_null() || ffi::PyCode_Check(code) == 0 {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
+    // The code's cache state; the frame keeps its code (and so the state) alive throughout.
+    let state = super::code_extra::state_raw(code);
+    // SKIP code (entry functions, compiled graphs), or run-only with no entries: nothing to do,
+    // decided before the structural checks (which read every argument slot) and without
+    // attaching.
+    if !crate::eval_frame::worth_offering(mode, state) || !replaceable(tstate, frame) {
+        // A tail call: frames run unchanged keep no frame of the hook on the C stack.
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    offer(tstate, frame, mode, backend_id, state)
+}
+
+/// The frame offered to `eval_frame` (kept out of the hook's own body so that the paths that
+/// run a frame unchanged stay a few loads and a tail call).
+#[inline(never)]
+unsafe fn offer(
+    tstate: *mut ffi::PyThreadState,
+    frame: *mut InterpreterFrame,
+    mode: crate::eval_frame::Mode,
+    backend_id: i64,
+    state: Option<&CodeState>,
+) -> *mut ffi::PyObject {
     // GIL held: a plain load and store.
     OFFERED.store(
         OFFERED.load(Ordering::Relaxed).wrapping_add(1),
@@ -179,7 +199,8 @@ unsafe extern "C" fn ferrodyn_eval_frame(
         }
     };
     match outcome {
-        None => _PyEval_EvalFrameDefault(tstate, frame, throwflag),
+        // `throwflag` is 0 here (a frame resumed with an exception is never offered).
+        None => _PyEval_EvalFrameDefault(tstate, frame, 0),
         Some(ptr) => {
             version::finish_replaced_frame(tstate, frame);
             ptr
@@ -324,9 +345,15 @@ impl<'py> InterceptedFrame<'py> {
         }
     }
 
-    /// `fn(*arg_slots, *closure_cells)` by vectorcall, without copying when there is no closure
-    /// (and the slots are untagged, as up to 3.13).
-    pub fn call_with_slots(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// `fn(*arg_slots, *closure_cells, *extra)` by vectorcall: the slots passed as they are
+    /// (no copy) when there is no closure and nothing extra (and the slots are untagged, as up
+    /// to 3.13), else copied into one array of borrowed pointers (no tuple, no references
+    /// taken).
+    pub fn call_with_slots(
+        &self,
+        f: &Bound<'py, PyAny>,
+        extra: &[Bound<'py, PyAny>],
+    ) -> PyResult<Bound<'py, PyAny>> {
         let slots = self.arg_slots();
         let n = slots.len();
         if !slots.all_bound() {
@@ -335,21 +362,23 @@ impl<'py> InterceptedFrame<'py> {
             ));
         }
         let args = slots.untagged();
-        // SAFETY: the slots are valid (see arg_slots) and borrowed by the callee for the call.
+        let closure = self.closure();
+        // SAFETY: the slots are valid (see arg_slots), the cells belong to the frame's
+        // function and `extra` is held by the caller: all borrowed by the callee for the call.
         unsafe {
-            let res = match self.closure() {
-                None => {
-                    ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
-                }
-                Some(cells) => {
-                    let m = cells.len();
-                    let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + m);
-                    buf.extend_from_slice(&args);
+            let res = if closure.is_none() && extra.is_empty() {
+                ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
+            } else {
+                let m = closure.as_ref().map_or(0, |c| c.len());
+                let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + m + extra.len());
+                buf.extend_from_slice(&args);
+                if let Some(cells) = &closure {
                     for i in 0..m {
                         buf.push(ffi::PyTuple_GET_ITEM(cells.as_ptr(), i as ffi::Py_ssize_t));
                     }
-                    ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), n + m, std::ptr::null_mut())
                 }
+                buf.extend(extra.iter().map(|e| e.as_ptr()));
+                ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), buf.len(), std::ptr::null_mut())
             };
             Bound::from_owned_ptr_or_err(self.py, res)
         }

@@ -1,10 +1,14 @@
 //! Raw object reads that guard accessors need without calling Python: a cell's contents, an
-//! instance `__dict__` (no `__getattr__`), and exact-dict reads at a remembered entry position.
+//! instance `__dict__` (no `__getattr__`), and exact-dict reads at a remembered entry position;
+//! builtin callables that take their arguments as a borrowed array (`fastcall_builtin`) and
+//! vectorcalls of borrowed slots (`vectorcall_slots`).
 #![allow(unsafe_code)]
 
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::Borrowed;
+
+use super::slots::Slots;
 
 /// The contents of a cell object, None if empty or not a cell.
 pub fn cell_contents<'py>(cell: &Borrowed<'_, 'py, PyAny>) -> Option<Bound<'py, PyAny>> {
@@ -79,4 +83,281 @@ pub fn dict_position_of(
         }
     }
     None
+}
+
+/// What a [`fastcall_builtin`] calls: `(py, data, positional arguments)`, the arguments
+/// borrowed from the caller for the call.
+pub type FastHandler =
+    for<'py> fn(Python<'py>, &Bound<'py, PyAny>, Slots<'_>) -> PyResult<Bound<'py, PyAny>>;
+
+/// The `self` of a [`fastcall_builtin`]: its handler and the handler's data.
+#[pyclass(module = "ferrodyn._C", name = "_FastCallOwner", frozen)]
+pub struct FastCallOwner {
+    handler: FastHandler,
+    data: Py<PyAny>,
+}
+
+#[pymethods]
+impl FastCallOwner {
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.data)
+    }
+}
+
+/// The one method definition of every fastcall builtin (CPython keeps a pointer to it in each
+/// builtin, so it lives for the whole process).
+fn fastcall_def() -> *mut ffi::PyMethodDef {
+    static DEF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEF.get_or_init(|| {
+        Box::into_raw(Box::new(ffi::PyMethodDef {
+            ml_name: c"ferrodyn_resume".as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer {
+                PyCFunctionFast: fastcall_trampoline,
+            },
+            ml_flags: ffi::METH_FASTCALL,
+            ml_doc: std::ptr::null(),
+        })) as usize
+    }) as *mut ffi::PyMethodDef
+}
+
+/// A builtin callable (METH_FASTCALL, so the vectorcall protocol with no argument tuple) whose
+/// calls run `handler(py, data, args)`; it takes positional arguments only (CPython rejects
+/// keywords before the handler runs).
+pub fn fastcall_builtin<'py>(
+    data: Bound<'py, PyAny>,
+    handler: FastHandler,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = data.py();
+    let owner = Bound::new(
+        py,
+        FastCallOwner {
+            handler,
+            data: data.unbind(),
+        },
+    )?;
+    // SAFETY: the method definition is never freed; PyCFunction_NewEx takes a new reference to
+    // `owner` (its `self`) and returns a new reference or NULL with an exception set.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(fastcall_def(), owner.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(py, f)
+    }
+}
+
+/// CPython's `_PyCFunctionFast` for [`fastcall_builtin`]s.
+unsafe extern "C" fn fastcall_trampoline(
+    slf: *mut ffi::PyObject,
+    args: *mut *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    // SAFETY: called by CPython's builtin-call path with the GIL held; `slf` is the builtin's
+    // `self`, a FastCallOwner (only `fastcall_builtin` makes builtins with this definition);
+    // `args` holds `nargs` live objects borrowed for the call. The handler runs under a bare
+    // token, as the frame hook's hit path does (objects it drops are released directly or
+    // through pyo3's deferred pool).
+    let py = Python::assume_attached();
+    let owner: Borrowed<'_, '_, FastCallOwner> = Borrowed::from_ptr(py, slf).cast_unchecked();
+    let owner = owner.get();
+    let slots = Slots::from_raw(args, nargs.max(0) as usize);
+    let data = owner.data.bind(py);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        (owner.handler)(py, data, slots)
+    }));
+    match r {
+        Ok(Ok(v)) => v.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            pyo3::panic::PanicException::new_err("ferrodyn: internal panic in a fastcall")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `f(*slots, *extra)` by vectorcall (the slots passed as they are, borrowed).
+pub fn vectorcall_slots<'py>(
+    f: &Bound<'py, PyAny>,
+    slots: Slots<'_>,
+    extra: &[Bound<'py, PyAny>],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = f.py();
+    let n = slots.len();
+    if !slots.all_bound() {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "ferrodyn: unbound argument slot",
+        ));
+    }
+    let args = slots.untagged();
+    // SAFETY: every pointer is a live object borrowed for the call (the slots' contract, and
+    // `extra`'s references held by the caller).
+    unsafe {
+        let res = if extra.is_empty() {
+            ffi::PyObject_Vectorcall(f.as_ptr(), args.as_ptr(), n, std::ptr::null_mut())
+        } else {
+            let mut buf: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + extra.len());
+            buf.extend_from_slice(&args);
+            buf.extend(extra.iter().map(|e| e.as_ptr()));
+            ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), buf.len(), std::ptr::null_mut())
+        };
+        Bound::from_owned_ptr_or_err(py, res)
+    }
+}
+
+/// The vectorcall function of a pyclass instance, as a field of the Rust struct: with
+/// [`enable_vectorcall`], CPython calls instances through it (no argument tuple, no keyword
+/// dict) instead of the class's `__call__` (which stays, for `type(obj).__call__(obj, ...)`).
+#[repr(transparent)]
+pub struct VectorcallSlot(ffi::vectorcallfunc);
+
+/// A call's arguments as the vectorcall protocol passes them, borrowed for the call.
+pub struct VectorArgs<'a> {
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+    _borrow: std::marker::PhantomData<&'a ()>,
+}
+
+impl VectorArgs<'_> {
+    /// `f(*args, **kwargs)` with this call's arguments, passed on as they are.
+    pub fn forward<'py>(&self, f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the arguments are live for the call (the vectorcall contract); nargsf keeps
+        // the caller's PY_VECTORCALL_ARGUMENTS_OFFSET bit, valid since `args` is unchanged.
+        unsafe {
+            let r = ffi::PyObject_Vectorcall(f.as_ptr(), self.args, self.nargsf, self.kwnames);
+            Bound::from_owned_ptr_or_err(f.py(), r)
+        }
+    }
+}
+
+impl VectorArgs<'_> {
+    /// The arguments as `(args tuple, kwargs dict or None)`, with `first` (if any) prepended to
+    /// the positional ones: for the paths that call through `tp_call`.
+    pub fn to_tuple_dict<'py>(
+        &self,
+        py: Python<'py>,
+        first: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(
+        Bound<'py, pyo3::types::PyTuple>,
+        Option<Bound<'py, pyo3::types::PyDict>>,
+    )> {
+        let nargs = self.nargsf & !ffi::PY_VECTORCALL_ARGUMENTS_OFFSET;
+        // SAFETY: `args` holds `nargs` positional values followed by one value per name in
+        // `kwnames` (a tuple of str, or NULL), all live for the call (the vectorcall contract).
+        unsafe {
+            let nkw = if self.kwnames.is_null() {
+                0
+            } else {
+                ffi::PyTuple_GET_SIZE(self.kwnames) as usize
+            };
+            let all = if nargs + nkw == 0 {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(self.args, nargs + nkw)
+            };
+            let positional: Vec<Bound<'py, PyAny>> = first
+                .cloned()
+                .into_iter()
+                .chain(
+                    all[..nargs]
+                        .iter()
+                        .map(|&p| Bound::from_borrowed_ptr(py, p)),
+                )
+                .collect();
+            let tuple = pyo3::types::PyTuple::new(py, positional)?;
+            if nkw == 0 {
+                return Ok((tuple, None));
+            }
+            let dict = pyo3::types::PyDict::new(py);
+            for (i, &v) in all[nargs..].iter().enumerate() {
+                let k = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
+                dict.set_item(
+                    Bound::from_borrowed_ptr(py, k),
+                    Bound::from_borrowed_ptr(py, v),
+                )?;
+            }
+            Ok((tuple, Some(dict)))
+        }
+    }
+}
+
+/// A frozen pyclass whose instances are called through [`VectorcallSlot`].
+pub trait VectorcallTarget:
+    pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync
+{
+    /// The call, under a bare token (the GIL is held; pyo3's attach count is not raised, so
+    /// `Py<T>` values dropped here go to pyo3's deferred pool: drop `Bound`s instead).
+    fn vectorcall<'py>(&self, py: Python<'py>, args: VectorArgs<'_>)
+        -> PyResult<Bound<'py, PyAny>>;
+}
+
+/// The slot value for instances of `T`.
+pub fn vectorcall_slot<T: VectorcallTarget>() -> VectorcallSlot {
+    VectorcallSlot(vectorcall_trampoline::<T>)
+}
+
+unsafe extern "C" fn vectorcall_trampoline<T: VectorcallTarget>(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls this with the GIL held, for an instance whose type has the slot at
+    // the offset `enable_vectorcall` set: only `T`'s instances (T's type is final: pyo3 classes
+    // without `subclass` cannot be subclassed).
+    let py = Python::assume_attached();
+    let slf: Borrowed<'_, '_, T> = Borrowed::from_ptr(py, callable).cast_unchecked();
+    let call = VectorArgs {
+        args,
+        nargsf,
+        kwnames,
+        _borrow: std::marker::PhantomData,
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        slf.get().vectorcall(py, call)
+    }));
+    match r {
+        Ok(Ok(v)) => v.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            pyo3::panic::PanicException::new_err("ferrodyn: internal panic in a vectorcall")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Make CPython call instances of `T` through their [`VectorcallSlot`] field: `sample` is an
+/// instance and `slot` its field (the offset is the same in every instance). `T` must not be
+/// subclassable.
+pub fn enable_vectorcall<T: VectorcallTarget>(
+    sample: &Bound<'_, T>,
+    slot: &VectorcallSlot,
+) -> PyResult<()> {
+    let base = sample.as_ptr() as usize;
+    let field = slot as *const VectorcallSlot as usize;
+    let tp = sample.as_any().get_type();
+    let tp_ptr = tp.as_type_ptr();
+    // SAFETY: `tp_ptr` is T's live type object; the offset is checked to lie inside the
+    // instance; the flag and offset are set before any instance is called through them, with
+    // the GIL held, and the slot is initialised in every instance (a field of T).
+    unsafe {
+        let basic = (*tp_ptr).tp_basicsize as usize;
+        if field < base
+            || field + std::mem::size_of::<VectorcallSlot>() > base + basic
+            || (*tp_ptr).tp_flags & ffi::Py_TPFLAGS_BASETYPE != 0
+        {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "ferrodyn: cannot enable vectorcall on this class",
+            ));
+        }
+        (*tp_ptr).tp_vectorcall_offset = (field - base) as ffi::Py_ssize_t;
+        (*tp_ptr).tp_flags |= ffi::Py_TPFLAGS_HAVE_VECTORCALL;
+        ffi::PyType_Modified(tp_ptr);
+    }
+    Ok(())
 }

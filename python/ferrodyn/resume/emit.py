@@ -4,7 +4,8 @@ Owns `emit_break` (see the package docstring): grad mode, the instruction run ea
 None for a no-op break marker), the resume function's call (or, for nested breaks, the
 root's, handed the inner levels' continuations), an exception from the instruction sent to
 the frame's own handler (`_on_exception`), and the resume function objects (one per
-(resume code, globals)). Does not own the graph call (codegen.py) or the resume code (code.py).
+(resume code, globals)). A resume function without closure is called through
+`_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame of fn. Does not own the graph call (codegen.py) or the resume code (code.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ferrodyn import bytecode
+from ferrodyn import _C, bytecode
 from ferrodyn.resume.capture import GraphBreak
 from ferrodyn.resume.code import (ITER, NULL, VALUE, jump_target_offset, next_offset,
                                   resume_code)
@@ -80,7 +81,9 @@ def _load_resume(e, fn) -> None:
     reads and writes the same cells as the frame it continues."""
     code = fn.__code__
     if not code.co_freevars:
-        e.load_callable(fn)
+        # called through `_C.resume_call`: a hit of its cache runs the entry without a frame
+        # of the resume function (anything else calls fn itself)
+        e.load_callable(_C.resume_call(fn))
         return
     e.emit(*e.b.call_prefix())
     e.load_callable(types.FunctionType)
