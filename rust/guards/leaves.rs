@@ -57,8 +57,8 @@ impl IdRef {
     }
 }
 
-// The tensor spec is inline on purpose: one pointer chase fewer per tensor leaf.
-#[allow(clippy::large_enum_variant)]
+// The tensor spec is boxed: inline it made every leaf ~600 bytes (the replay checks plain
+// tensors from its own packed copies, `replay::Plan`).
 pub(crate) enum LeafKind {
     TypeIs(IdRef),
     Is(IdRef),
@@ -67,7 +67,7 @@ pub(crate) enum LeafKind {
     Equals(Const),
     LengthIs(usize),
     DictKeys(Vec<Py<PyAny>>),
-    Tensor(TensorSpec),
+    Tensor(Box<TensorSpec>),
     GlobalState(Box<Snapshot>),
     /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
     Aliasing(Box<super::aliasing::AliasSpec>),

@@ -23,6 +23,7 @@ use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
 use super::tree::Node;
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
+use crate::ffi::tensor::{check_expect_with, prefetch_impl, Packed};
 
 /// What one node's accessor found last time, stamped with what proves it still holds.
 #[derive(Default)]
@@ -105,6 +106,35 @@ fn as_obj(v: Val) -> Option<Held> {
     (v & 1 == 0 && v != 0).then(|| raw::held_at(v))
 }
 
+/// What the replay precomputes about a tree at build time.
+#[derive(Default)]
+pub(crate) struct Plan {
+    /// The tensor leaves with a packed compare, each tagged (node, leaf index), in leaf order,
+    /// one 64-byte line apart: their TensorImpls are prefetched together before any leaf runs
+    /// (see `crate::ffi::tensor::prefetch_impl`), and they are checked after the other leaves.
+    tensors: Vec<Packed<(u32, u32)>>,
+    /// The other leaves' indices, in leaf order.
+    rest: Vec<u32>,
+}
+
+impl Plan {
+    pub(crate) fn new(_nodes: &[Node], leaves: &[Leaf]) -> Plan {
+        let mut plan = Plan::default();
+        for (i, l) in leaves.iter().enumerate() {
+            match (&l.kind, l.node) {
+                (LeafKind::Tensor(t), Some(n)) if t.expect().is_some() => {
+                    plan.tensors.push(Packed {
+                        expect: t.expect().cloned().unwrap(),
+                        tag: (n as u32, i as u32),
+                    })
+                }
+                _ => plan.rest.push(i as u32),
+            }
+        }
+        plan
+    }
+}
+
 /// Whether a tree with these nodes and leaves can be replayed at all.
 pub(crate) fn replayable(nodes: &[Node], leaves: &[Leaf]) -> bool {
     let access_ok = nodes
@@ -126,6 +156,7 @@ pub(crate) fn replay<'py>(
     py: Python<'py>,
     nodes: &[Node],
     leaves: &[Leaf],
+    plan: &Plan,
     exports: &[usize],
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
@@ -146,7 +177,20 @@ pub(crate) fn replay<'py>(
             Some(p) => read_child(node, memo[p])?,
         };
     }
-    for leaf in leaves {
+    let layout = if plan.tensors.is_empty() {
+        None
+    } else {
+        crate::ffi::tensor::layout()
+    };
+    if let Some(l) = layout {
+        for t in &plan.tensors {
+            if let Some(h) = as_obj(memo[t.tag.0 as usize]) {
+                prefetch_impl(&h.bound(py), t.expect.type_ptr(), l);
+            }
+        }
+    }
+    for &i in &plan.rest {
+        let leaf = &leaves[i as usize];
         let ok = match (leaf.node, &leaf.kind) {
             (None, LeafKind::GlobalState(s)) => s.check_raw(),
             (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
@@ -154,6 +198,19 @@ pub(crate) fn replay<'py>(
             _ => None,
         };
         let ok = ok?;
+        if !ok {
+            return Some(false);
+        }
+    }
+    // (a plan has packed tensors only where a layout is installed)
+    for t in plan.tensors.iter().filter(|_| layout.is_some()) {
+        let (n, i) = t.tag;
+        let v = memo[n as usize];
+        let h = as_obj(v)?;
+        let ok = match check_expect_with(&h.bound(py), &t.expect, layout?) {
+            Some(ok) => ok,
+            None => check_leaf(py, &leaves[i as usize].kind, v)?,
+        };
         if !ok {
             return Some(false);
         }
@@ -182,7 +239,17 @@ fn read_root<'py>(
         Access::Local { index, name, hint } => match &input.locals {
             Locals::Slots(s) => raw::slot(s, *index),
             Locals::Mapping(m) => {
-                raw::dict_get_at_held(raw::held(m), name.bind(m.py()).as_any(), hint.position()?)
+                // An unchanged dict (same version) holds the value found last time.
+                let d = raw::held(m);
+                let version = raw::dict_version(d);
+                if let Some(h) = version.and_then(|v| node.cache.hit(v, 0)) {
+                    return Some(h);
+                }
+                let h = raw::dict_get_at_held(d, name.bind(m.py()).as_any(), hint.position()?)?;
+                if let Some(v) = version {
+                    node.cache.store(v, 0, h.addr());
+                }
+                Some(h)
             }
         },
         Access::Global(_) => {

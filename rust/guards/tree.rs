@@ -63,6 +63,8 @@ pub struct GuardTree {
     pub(crate) slot_of: Vec<Option<usize>>,
     /// Whether every accessor and leaf can be replayed from raw reads (`replay`).
     pub(crate) replayable: bool,
+    /// What the replay precomputed about this tree.
+    pub(crate) plan: replay::Plan,
     /// Replays in a row that could not decide (see `GuardTree::replay`).
     pub(crate) replay_misses: AtomicU32,
 }
@@ -126,6 +128,7 @@ impl GuardTree {
             py,
             &self.nodes,
             &self.leaves,
+            &self.plan,
             &self.exports,
             input,
             (g, b),
