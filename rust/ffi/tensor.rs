@@ -399,47 +399,6 @@ impl Expect {
             dims,
         })
     }
-
-    /// The exact type the leaf was built for (what [`prefetch_impl`] needs).
-    #[inline]
-    pub fn type_ptr(&self) -> usize {
-        self.type_ptr
-    }
-}
-
-/// Start loading the lines of `obj`'s TensorImpl that [`check_expect`] reads (autograd
-/// pointer, sizes and strides, the packed dtype/device/flags word and key set), when `obj`'s
-/// exact type is `type_ptr` (the `Expect::type_ptr` of a leaf); anything else is left alone.
-/// A hint only: nothing read here decides anything, so a later check of many tensors overlaps
-/// their cache misses instead of waiting on each in turn. `l` is [`layout`].
-#[inline(always)]
-pub fn prefetch_impl(obj: &Bound<'_, PyAny>, type_ptr: usize, l: &TensorLayout) {
-    let o = obj.as_ptr();
-    // SAFETY: reading a live object's type pointer.
-    if unsafe { ffi::Py_TYPE(o) } as usize != type_ptr {
-        return;
-    }
-    // SAFETY: `o` has the exact THPVariable type of an `Expect` (read with this layout when it
-    // was built), so the word at `cdata` is its TensorImpl* (or null). Prefetching computes
-    // addresses inside that TensorImpl and never dereferences them.
-    unsafe {
-        let Some(imp) = tensor_impl(o, l) else { return };
-        prefetch(imp.add(l.autograd_meta));
-        prefetch(imp.add(l.sizes_strides));
-        prefetch(imp.add(l.sizes_strides + 8 + 8 * INLINE));
-        prefetch(imp.add(l.dtype));
-    }
-}
-
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it never faults and reads nothing into the program.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// The tensor leaf on `obj` from raw fields: Some(false) on a mismatch, Some(true) on a match,

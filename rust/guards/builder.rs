@@ -421,7 +421,7 @@ impl GuardBuilder {
         let disc = super::tree::discriminator(&nodes, &leaves);
         let slot_of = super::tree::slots_of(&nodes);
         let replayable = super::replay::replayable(&nodes, &leaves);
-        let plan = super::replay::Plan::new(&nodes, &leaves);
+        let plan = Python::attach(|py| super::replay::Plan::new(py, &nodes, &leaves));
         Ok(GuardTree {
             plan,
             replayable,

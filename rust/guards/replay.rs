@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use super::access::Access;
 use super::consts::Const;
@@ -23,7 +24,7 @@ use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
 use super::tree::Node;
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
-use crate::ffi::tensor::{check_expect_with, prefetch_impl, Packed};
+use crate::ffi::tensor::{check_expect_with, Packed};
 
 /// What one node's accessor found last time, stamped with what proves it still holds.
 #[derive(Default)]
@@ -110,16 +111,81 @@ fn as_obj(v: Val) -> Option<Held> {
 #[derive(Default)]
 pub(crate) struct Plan {
     /// The tensor leaves with a packed compare, each tagged (node, leaf index), in leaf order,
-    /// one 64-byte line apart: their TensorImpls are prefetched together before any leaf runs
-    /// (see `crate::ffi::tensor::prefetch_impl`), and they are checked after the other leaves.
+    /// one 64-byte line apart (what the check reads of a leaf with up to 2 dims is one line);
+    /// they are checked after the other leaves.
     tensors: Vec<Packed<(u32, u32)>>,
-    /// The other leaves' indices, in leaf order.
-    rest: Vec<u32>,
+    /// The other leaves' indices, in leaf order, each with the node of an earlier leaf that
+    /// makes the same check (`NONE`: none): when both nodes hold the same object the leaf
+    /// has passed already.
+    rest: Vec<(u32, u32)>,
+    /// Per entry of `rest`: for a dict-keys leaf, the version of the dict whose keys it last
+    /// found equal (0: none). An unchanged dict has unchanged keys: the leaf passes again
+    /// without iterating.
+    keys_seen: Vec<AtomicU64>,
+    /// Per node: an earlier node with the same accessor (`NONE`: none), and that node's
+    /// parent. When both parents hold the same object, so do both nodes (one replay runs no
+    /// Python code, and every accessor it replays is a pure read): e.g. `type(m0).forward`
+    /// and `type(m1).forward` for two modules of one class are read once.
+    twins: Vec<(u32, u32)>,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl Plan {
+    /// (nodes with a twin, leaves with a twin, packed tensor leaves), for tests.
+    pub(crate) fn stats(&self) -> (usize, usize, usize) {
+        (
+            self.twins.iter().filter(|t| t.0 != NONE).count(),
+            self.rest.iter().filter(|t| t.1 != NONE).count(),
+            self.tensors.len(),
+        )
+    }
+}
+
+/// A key equal for two child nodes that apply the same accessor (to possibly different
+/// parents): attribute names and `str` item keys by content, other item keys by identity.
+fn access_key(py: Python<'_>, a: &Access) -> Option<(u8, String, usize, Option<isize>)> {
+    let key = |x: &Bound<'_, PyAny>| match x.cast_exact::<PyString>() {
+        Ok(s) => s.to_str().ok().map(|s| (s.to_owned(), 0)),
+        Err(_) => Some((String::new(), x.as_ptr() as usize)),
+    };
+    match a {
+        Access::Attr(x) => key(x.bind(py).as_any()).map(|(s, p)| (0, s, p, None)),
+        Access::Item { key: x, index, .. } => key(x.bind(py)).map(|(s, p)| (1, s, p, *index)),
+        Access::DictOf => Some((2, String::new(), 0, None)),
+        Access::TypeOf => Some((3, String::new(), 0, None)),
+        Access::LenOf => Some((4, String::new(), 0, None)),
+        _ => None,
+    }
 }
 
 impl Plan {
-    pub(crate) fn new(_nodes: &[Node], leaves: &[Leaf]) -> Plan {
+    pub(crate) fn new(py: Python<'_>, nodes: &[Node], leaves: &[Leaf]) -> Plan {
         let mut plan = Plan::default();
+        // Twins: the first earlier node with the same accessor; `group` is the first node of
+        // such a chain (nodes in one group may hold the same object).
+        let mut group: Vec<usize> = (0..nodes.len()).collect();
+        let mut first = std::collections::HashMap::new();
+        for (n, node) in nodes.iter().enumerate() {
+            let twin = node
+                .parent
+                .and_then(|_| access_key(py, &node.access))
+                .and_then(|k| match first.entry(k) {
+                    std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(n);
+                        None
+                    }
+                });
+            plan.twins.push(match twin {
+                Some(m) => {
+                    group[n] = group[m];
+                    (m as u32, nodes[m].parent.unwrap() as u32)
+                }
+                None => (NONE, NONE),
+            });
+        }
+        let mut checks = std::collections::HashMap::new();
         for (i, l) in leaves.iter().enumerate() {
             match (&l.kind, l.node) {
                 (LeafKind::Tensor(t), Some(n)) if t.expect().is_some() => {
@@ -128,7 +194,19 @@ impl Plan {
                         tag: (n as u32, i as u32),
                     })
                 }
-                _ => plan.rest.push(i as u32),
+                _ => {
+                    let twin = l.node.zip(l.kind.check_key()).and_then(|(n, k)| {
+                        match checks.entry((group[n], k)) {
+                            std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(n as u32);
+                                None
+                            }
+                        }
+                    });
+                    plan.rest.push((i as u32, twin.unwrap_or(NONE)));
+                    plan.keys_seen.push(AtomicU64::new(0));
+                }
             }
         }
         plan
@@ -162,19 +240,37 @@ pub(crate) fn replay<'py>(
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
     out: Option<&mut Vec<Bound<'py, PyAny>>>,
 ) -> Option<bool> {
+    // Zeroed per check: small trees take the small array.
+    const SMALL: usize = 32;
     const STACK: usize = 128;
-    let mut stack = [0usize; STACK];
+    let mut small = [0usize; SMALL];
+    let mut stack;
     let mut heap;
-    let memo: &mut [Val] = if nodes.len() <= STACK {
+    let memo: &mut [Val] = if nodes.len() <= SMALL {
+        &mut small[..nodes.len()]
+    } else if nodes.len() <= STACK {
+        stack = [0usize; STACK];
         &mut stack[..nodes.len()]
     } else {
         heap = vec![0usize; nodes.len()];
         &mut heap[..]
     };
+    // The version of a name->value locals dict, read once for all its lookups.
+    let locals_version = match &input.locals {
+        Locals::Mapping(m) => raw::dict_version(raw::held(m)),
+        Locals::Slots(_) => None,
+    };
     for (i, node) in nodes.iter().enumerate() {
         memo[i] = match node.parent {
-            None => read_root(node, input, defaults)?.addr(),
-            Some(p) => read_child(node, memo[p])?,
+            None => read_root(node, input, defaults, locals_version)?.addr(),
+            Some(p) => {
+                let (m, mp) = plan.twins[i];
+                if m != NONE && memo[mp as usize] == memo[p] {
+                    memo[m as usize]
+                } else {
+                    read_child(node, memo[p])?
+                }
+            }
         };
     }
     let layout = if plan.tensors.is_empty() {
@@ -182,18 +278,15 @@ pub(crate) fn replay<'py>(
     } else {
         crate::ffi::tensor::layout()
     };
-    if let Some(l) = layout {
-        for t in &plan.tensors {
-            if let Some(h) = as_obj(memo[t.tag.0 as usize]) {
-                prefetch_impl(&h.bound(py), t.expect.type_ptr(), l);
-            }
-        }
-    }
-    for &i in &plan.rest {
+    for (&(i, twin), seen) in plan.rest.iter().zip(&plan.keys_seen) {
         let leaf = &leaves[i as usize];
+        if twin != NONE && leaf.node.is_some_and(|n| memo[n] == memo[twin as usize]) {
+            continue; // the same check passed on the same value
+        }
         let ok = match (leaf.node, &leaf.kind) {
             (None, LeafKind::GlobalState(s)) => s.check_raw(),
             (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
+            (Some(n), LeafKind::DictKeys(keys)) => check_keys(keys, memo[n], seen),
             (Some(n), kind) => check_leaf(py, kind, memo[n]),
             _ => None,
         };
@@ -230,10 +323,12 @@ pub(crate) fn replay<'py>(
     Some(true)
 }
 
+#[inline]
 fn read_root<'py>(
     node: &Node,
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
+    locals_version: Option<u64>,
 ) -> Option<Held> {
     match &node.access {
         Access::Local { index, name, hint } => match &input.locals {
@@ -241,7 +336,7 @@ fn read_root<'py>(
             Locals::Mapping(m) => {
                 // An unchanged dict (same version) holds the value found last time.
                 let d = raw::held(m);
-                let version = raw::dict_version(d);
+                let version = locals_version;
                 if let Some(h) = version.and_then(|v| node.cache.hit(v, 0)) {
                     return Some(h);
                 }
@@ -270,6 +365,7 @@ fn read_root<'py>(
     }
 }
 
+#[inline]
 fn read_child(node: &Node, parent: Val) -> Option<Val> {
     let p = as_obj(parent)?;
     let v = match &node.access {
@@ -364,6 +460,22 @@ fn check_shape_by_symbol(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<
     (!undecided).then_some(ok)
 }
 
+/// A dict-keys leaf: passes at once on a dict at the version where its keys were last found
+/// equal (versions are unique per dict and state), else compares them and remembers a pass.
+fn check_keys(keys: &[Py<PyAny>], v: Val, seen: &AtomicU64) -> Option<bool> {
+    let h = as_obj(v)?;
+    let version = raw::dict_version(h).filter(|&v| v != 0);
+    if version.is_some_and(|v| seen.load(Ordering::Relaxed) == v) {
+        return Some(true);
+    }
+    let ok = raw::dict_keys_are(h, keys)?;
+    if let (true, Some(v)) = (ok, version) {
+        seen.store(v, Ordering::Relaxed);
+    }
+    Some(ok)
+}
+
+#[inline]
 fn check_leaf(py: Python<'_>, kind: &LeafKind, v: Val) -> Option<bool> {
     if v & 1 == 1 {
         // A length: only compared with ints.

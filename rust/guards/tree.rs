@@ -520,10 +520,21 @@ impl GuardTree {
             .is_none()))
     }
 
+    /// What the replay plan shares or packs: (nodes read through an earlier twin, leaves
+    /// skipped after an earlier identical one, tensor leaves checked from packed copies).
+    fn _plan_stats(&self) -> (usize, usize, usize) {
+        self.plan.stats()
+    }
+
     /// Whether every accessor and leaf of this tree can be replayed from raw reads.
     #[getter]
     fn replayable(&self) -> bool {
         self.replayable
+    }
+
+    /// The accessors' source expressions, in node order.
+    fn _nodes(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.source.clone()).collect()
     }
 
     fn leaves(&self) -> Vec<String> {
