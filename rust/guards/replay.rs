@@ -21,7 +21,7 @@ use super::access::Access;
 use super::consts::Const;
 use super::leaves::{Leaf, LeafKind};
 use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
-use super::tree::Node;
+use super::tree::{GuardTree, Node};
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
 use crate::ffi::tensor::{check_expect_with, Packed};
@@ -232,14 +232,12 @@ pub(crate) fn replayable(nodes: &[Node], leaves: &[Leaf]) -> bool {
 /// appended to `out`. None: the full path must decide.
 pub(crate) fn replay<'py>(
     py: Python<'py>,
-    nodes: &[Node],
-    leaves: &[Leaf],
-    plan: &Plan,
-    exports: &[usize],
+    tree: &GuardTree,
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
     out: Option<&mut Vec<Bound<'py, PyAny>>>,
 ) -> Option<bool> {
+    let (nodes, leaves, plan, exports) = (&tree.nodes, &tree.leaves, &tree.plan, &tree.exports);
     // Zeroed per check: small trees take the small array.
     const SMALL: usize = 32;
     const STACK: usize = 128;

@@ -124,16 +124,7 @@ impl GuardTree {
         }
         let g = self.globals.as_ref().map(|g| g.bind(py).as_any());
         let b = self.builtins.as_ref().map(|b| b.bind(py).as_any());
-        let r = replay::replay(
-            py,
-            &self.nodes,
-            &self.leaves,
-            &self.plan,
-            &self.exports,
-            input,
-            (g, b),
-            out,
-        );
+        let r = replay::replay(py, self, input, (g, b), out);
         let next = if r.is_some() {
             0
         } else {
