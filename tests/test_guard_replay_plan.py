@@ -363,3 +363,8 @@ def test_twin_accessors_read_each_parent():
         _agrees(tree, (_A(), _C2(), {"k": 1}, {"k": 1}), want=False)
     finally:
         del _C2.f
+
+
+def test_weakref_referent_read_directly_where_verified():
+    import sys
+    assert _C._weakref_direct() is (sys.version_info < (3, 14))  # the header layout of 3.11-3.13

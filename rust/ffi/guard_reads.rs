@@ -357,8 +357,10 @@ pub fn cell_contents_held(cell: Held) -> Option<Held> {
 
 /// The head of a weak reference as Include/cpython/weakrefobject.h lays it out on 3.11-3.13
 /// (`struct _PyWeakReference { PyObject_HEAD; PyObject *wr_object; ... }`): `wr_object` is the
-/// referent, or `Py_None` once it died. Verified on a live and a dead reference the first time
-/// [`weakref_referent`] is used; until verified (or if that failed) the public API answers.
+/// referent, or `Py_None` once it died. Verified on a live and a dead reference at import
+/// ([`verify_weakref_head`], called by `crate::guards::register`); until verified (or if that
+/// failed) the public API answers. Never verified lazily: a check must not allocate (a
+/// collection could run finalizers while the replay holds borrowed pointers).
 #[repr(C)]
 struct WeakrefHead {
     ob_base: ffi::PyObject,
@@ -373,8 +375,9 @@ fn weakref_field(wr: *mut ffi::PyObject) -> *mut ffi::PyObject {
     unsafe { (*(wr as *const WeakrefHead)).wr_object }
 }
 
+/// Verify [`WeakrefHead`] on a live and a dead reference and enable direct reads if it holds.
 #[cold]
-fn verify_weakref_head(py: Python<'_>) -> bool {
+pub fn verify_weakref_head(py: Python<'_>) -> bool {
     let check = || -> PyResult<bool> {
         let obj = pyo3::types::PySet::empty(py)?;
         let wr = pyo3::types::PyWeakrefReference::new(&obj)?;
@@ -390,20 +393,20 @@ fn verify_weakref_head(py: Python<'_>) -> bool {
     ok
 }
 
+/// Whether [`weakref_referent`] reads the field directly.
+pub fn weakref_direct() -> bool {
+    WEAKREF_DIRECT.load(std::sync::atomic::Ordering::Relaxed) == 1
+}
+
 /// The referent of weakref.ref `wr` as a borrowed address, null once it died: the
 /// `wr_object` field read directly (no call) where [`WeakrefHead`] was verified, else
-/// through `crate::ffi::weakref::referent_ptr`.
+/// through `crate::ffi::weakref::referent_ptr`. Allocates nothing, runs no Python code.
 #[inline]
 pub fn weakref_referent(
     py: Python<'_>,
     wr: &Py<pyo3::types::PyWeakrefReference>,
 ) -> *mut ffi::PyObject {
-    let direct = match WEAKREF_DIRECT.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => true,
-        0 => verify_weakref_head(py),
-        _ => false,
-    };
-    if !direct {
+    if WEAKREF_DIRECT.load(std::sync::atomic::Ordering::Relaxed) != 1 {
         return super::weakref::referent_ptr(py, wr);
     }
     let p = weakref_field(wr.as_ptr());
