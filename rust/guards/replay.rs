@@ -19,7 +19,7 @@ use pyo3::types::PyString;
 
 use super::access::Access;
 use super::consts::Const;
-use super::leaves::{Leaf, LeafKind};
+use super::leaves::{IdRef, Leaf, LeafKind};
 use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
 use super::tree::{GuardTree, Node};
 use super::{GuardInput, Locals};
@@ -114,19 +114,59 @@ pub(crate) struct Plan {
     /// one 64-byte line apart (what the check reads of a leaf with up to 2 dims is one line);
     /// they are checked after the other leaves.
     tensors: Vec<Packed<(u32, u32)>>,
-    /// The other leaves' indices, in leaf order, each with the node of an earlier leaf that
-    /// makes the same check (`NONE`: none): when both nodes hold the same object the leaf
-    /// has passed already.
-    rest: Vec<(u32, u32)>,
-    /// Per entry of `rest`: for a dict-keys leaf, the version of the dict whose keys it last
-    /// found equal (0: none). An unchanged dict has unchanged keys: the leaf passes again
-    /// without iterating.
-    keys_seen: Vec<AtomicU64>,
-    /// Per node: an earlier node with the same accessor (`NONE`: none), and that node's
-    /// parent. When both parents hold the same object, so do both nodes (one replay runs no
-    /// Python code, and every accessor it replays is a pure read): e.g. `type(m0).forward`
-    /// and `type(m1).forward` for two modules of one class are read once.
-    twins: Vec<(u32, u32)>,
+    /// The other leaves, in leaf order.
+    rest: Vec<RestLeaf>,
+    /// Per node, how the replay reads it.
+    steps: Vec<Step>,
+}
+
+/// How the replay reads one node (compact: the walk touches a `Node` only for its cache or
+/// an accessor it does not specialise).
+#[derive(Clone, Copy)]
+struct Step {
+    /// `NONE` for a root.
+    parent: u32,
+    /// An earlier node with the same accessor (`NONE`: none), and that node's parent. When
+    /// both parents hold the same object, so do both nodes (one replay runs no Python code,
+    /// and every accessor it replays is a pure read): e.g. `type(m0).forward` and
+    /// `type(m1).forward` for two modules of one class are read once.
+    twin: u32,
+    twin_parent: u32,
+    op: NodeOp,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NodeOp {
+    /// `parent[str key]` of an exact dict, proven current by the node's cache.
+    DictItem,
+    DictOf,
+    TypeOf,
+    /// `read_root` / `read_child`.
+    Generic,
+}
+
+/// One leaf other than the packed tensors.
+struct RestLeaf {
+    leaf: u32,
+    /// The leaf's node (`NONE`: a leaf over several nodes or none).
+    node: u32,
+    /// The node of an earlier leaf making the same check (`NONE`: none): when both nodes hold
+    /// the same object, the leaf has passed already.
+    twin: u32,
+    quick: Quick,
+    /// For a dict-keys leaf: the version of the dict whose keys it last found equal (0:
+    /// none). An unchanged dict has unchanged keys: the leaf passes again without iterating.
+    keys_seen: AtomicU64,
+}
+
+/// Leaves decided from the plan alone, without visiting the `Leaf`.
+#[derive(Clone, Copy)]
+enum Quick {
+    /// `type(v) is` the type at this address (held strongly by the leaf).
+    TypeIs(usize),
+    /// `len(v) == n` of an exact dict, OrderedDict, list or tuple.
+    Len(usize),
+    Generic,
 }
 
 const NONE: u32 = u32::MAX;
@@ -135,8 +175,8 @@ impl Plan {
     /// (nodes with a twin, leaves with a twin, packed tensor leaves), for tests.
     pub(crate) fn stats(&self) -> (usize, usize, usize) {
         (
-            self.twins.iter().filter(|t| t.0 != NONE).count(),
-            self.rest.iter().filter(|t| t.1 != NONE).count(),
+            self.steps.iter().filter(|s| s.twin != NONE).count(),
+            self.rest.iter().filter(|r| r.twin != NONE).count(),
             self.tensors.len(),
         )
     }
@@ -177,12 +217,24 @@ impl Plan {
                         None
                     }
                 });
-            plan.twins.push(match twin {
+            let (twin, twin_parent) = match twin {
                 Some(m) => {
                     group[n] = group[m];
                     (m as u32, nodes[m].parent.unwrap() as u32)
                 }
                 None => (NONE, NONE),
+            };
+            let op = match &node.access {
+                Access::Item { index: None, .. } => NodeOp::DictItem,
+                Access::DictOf => NodeOp::DictOf,
+                Access::TypeOf => NodeOp::TypeOf,
+                _ => NodeOp::Generic,
+            };
+            plan.steps.push(Step {
+                parent: node.parent.map_or(NONE, |p| p as u32),
+                twin,
+                twin_parent,
+                op,
             });
         }
         let mut checks = std::collections::HashMap::new();
@@ -204,8 +256,18 @@ impl Plan {
                             }
                         }
                     });
-                    plan.rest.push((i as u32, twin.unwrap_or(NONE)));
-                    plan.keys_seen.push(AtomicU64::new(0));
+                    let quick = match &l.kind {
+                        LeafKind::TypeIs(IdRef::Strong(t)) => Quick::TypeIs(t.as_ptr() as usize),
+                        LeafKind::LengthIs(n) => Quick::Len(*n),
+                        _ => Quick::Generic,
+                    };
+                    plan.rest.push(RestLeaf {
+                        leaf: i as u32,
+                        node: l.node.map_or(NONE, |n| n as u32),
+                        twin: twin.unwrap_or(NONE),
+                        quick,
+                        keys_seen: AtomicU64::new(0),
+                    });
                 }
             }
         }
@@ -258,15 +320,19 @@ pub(crate) fn replay<'py>(
         Locals::Mapping(m) => raw::dict_version(raw::held(m)),
         Locals::Slots(_) => None,
     };
-    for (i, node) in nodes.iter().enumerate() {
-        memo[i] = match node.parent {
-            None => read_root(node, input, defaults, locals_version)?.addr(),
-            Some(p) => {
-                let (m, mp) = plan.twins[i];
-                if m != NONE && memo[mp as usize] == memo[p] {
-                    memo[m as usize]
-                } else {
-                    read_child(node, memo[p])?
+    for (i, (node, st)) in nodes.iter().zip(&plan.steps).enumerate() {
+        memo[i] = if st.parent == NONE {
+            read_root(node, input, defaults, locals_version)?.addr()
+        } else {
+            let pv = memo[st.parent as usize];
+            if st.twin != NONE && memo[st.twin_parent as usize] == pv {
+                memo[st.twin as usize]
+            } else {
+                match st.op {
+                    NodeOp::DictItem => node.cache.hit(raw::dict_version(as_obj(pv)?)?, 0)?.addr(),
+                    NodeOp::DictOf => as_obj(pv)?.instance_dict()?.addr(),
+                    NodeOp::TypeOf => as_obj(pv)?.type_of().addr(),
+                    NodeOp::Generic => read_child(node, pv)?,
                 }
             }
         };
@@ -276,19 +342,30 @@ pub(crate) fn replay<'py>(
     } else {
         crate::ffi::tensor::layout()
     };
-    for (&(i, twin), seen) in plan.rest.iter().zip(&plan.keys_seen) {
-        let leaf = &leaves[i as usize];
-        if twin != NONE && leaf.node.is_some_and(|n| memo[n] == memo[twin as usize]) {
+    for r in &plan.rest {
+        let v = if r.node == NONE {
+            0
+        } else {
+            memo[r.node as usize]
+        };
+        if r.twin != NONE && memo[r.twin as usize] == v {
             continue; // the same check passed on the same value
         }
-        let ok = match (leaf.node, &leaf.kind) {
-            (None, LeafKind::GlobalState(s)) => s.check_raw(),
-            (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
-            (Some(n), LeafKind::DictKeys(keys)) => check_keys(keys, memo[n], seen),
-            (Some(n), kind) => check_leaf(py, kind, memo[n]),
-            _ => None,
+        let ok = match r.quick {
+            Quick::TypeIs(t) => as_obj(v)?.type_of().addr() == t,
+            Quick::Len(n) => as_obj(v)?.exact_len()? == n,
+            Quick::Generic => {
+                let leaf = &leaves[r.leaf as usize];
+                let ok = match (leaf.node, &leaf.kind) {
+                    (None, LeafKind::GlobalState(s)) => s.check_raw(),
+                    (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
+                    (Some(_), LeafKind::DictKeys(keys)) => check_keys(keys, v, &r.keys_seen),
+                    (Some(_), kind) => check_leaf(py, kind, v),
+                    _ => None,
+                };
+                ok?
+            }
         };
-        let ok = ok?;
         if !ok {
             return Some(false);
         }
