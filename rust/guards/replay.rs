@@ -133,10 +133,14 @@ struct Step {
     twin: u32,
     twin_parent: u32,
     op: NodeOp,
+    /// For `NodeOp::Slot`: the argument slot.
+    slot: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum NodeOp {
+    /// A root `L[i]`: argument slot `Step::slot` when the input has slots.
+    Slot,
     /// `parent[str key]` of an exact dict, proven current by the node's cache.
     DictItem,
     DictOf,
@@ -166,6 +170,10 @@ enum Quick {
     TypeIs(usize),
     /// `len(v) == n` of an exact dict, OrderedDict, list or tuple.
     Len(usize),
+    /// `v is` this object (held strongly by the leaf).
+    IsPtr(usize),
+    /// `v is None` / `v is not None`.
+    IsNone(bool),
     Generic,
 }
 
@@ -225,6 +233,7 @@ impl Plan {
                 None => (NONE, NONE),
             };
             let op = match &node.access {
+                Access::Local { .. } if node.parent.is_none() => NodeOp::Slot,
                 Access::Item { index: None, .. } => NodeOp::DictItem,
                 Access::DictOf => NodeOp::DictOf,
                 Access::TypeOf => NodeOp::TypeOf,
@@ -235,6 +244,10 @@ impl Plan {
                 twin,
                 twin_parent,
                 op,
+                slot: match &node.access {
+                    Access::Local { index, .. } => *index as u32,
+                    _ => 0,
+                },
             });
         }
         let mut checks = std::collections::HashMap::new();
@@ -259,6 +272,9 @@ impl Plan {
                     let quick = match &l.kind {
                         LeafKind::TypeIs(IdRef::Strong(t)) => Quick::TypeIs(t.as_ptr() as usize),
                         LeafKind::LengthIs(n) => Quick::Len(*n),
+                        LeafKind::Is(IdRef::Strong(o)) => Quick::IsPtr(o.as_ptr() as usize),
+                        LeafKind::IsNone | LeafKind::Equals(Const::None) => Quick::IsNone(true),
+                        LeafKind::IsNotNone => Quick::IsNone(false),
                         _ => Quick::Generic,
                     };
                     plan.rest.push(RestLeaf {
@@ -322,7 +338,17 @@ pub(crate) fn replay<'py>(
     };
     for (i, (node, st)) in nodes.iter().zip(&plan.steps).enumerate() {
         memo[i] = if st.parent == NONE {
-            read_root(node, input, defaults, locals_version)?.addr()
+            match (&input.locals, st.op) {
+                (Locals::Slots(s), NodeOp::Slot) => raw::slot(s, st.slot as usize)?.addr(),
+                // An unchanged locals dict holds the value found last time.
+                (Locals::Mapping(_), NodeOp::Slot) => {
+                    match locals_version.and_then(|v| node.cache.hit(v, 0)) {
+                        Some(h) => h.addr(),
+                        None => read_root(node, input, defaults, locals_version)?.addr(),
+                    }
+                }
+                _ => read_root(node, input, defaults, locals_version)?.addr(),
+            }
         } else {
             let pv = memo[st.parent as usize];
             if st.twin != NONE && memo[st.twin_parent as usize] == pv {
@@ -332,7 +358,7 @@ pub(crate) fn replay<'py>(
                     NodeOp::DictItem => node.cache.hit(raw::dict_version(as_obj(pv)?)?, 0)?.addr(),
                     NodeOp::DictOf => as_obj(pv)?.instance_dict()?.addr(),
                     NodeOp::TypeOf => as_obj(pv)?.type_of().addr(),
-                    NodeOp::Generic => read_child(node, pv)?,
+                    NodeOp::Generic | NodeOp::Slot => read_child(node, pv)?,
                 }
             }
         };
@@ -354,6 +380,14 @@ pub(crate) fn replay<'py>(
         let ok = match r.quick {
             Quick::TypeIs(t) => as_obj(v)?.type_of().addr() == t,
             Quick::Len(n) => as_obj(v)?.exact_len()? == n,
+            Quick::IsPtr(p) => as_obj(v)?.addr() == p,
+            Quick::IsNone(none) => {
+                if v & 1 == 1 {
+                    !none // a length is never None
+                } else {
+                    as_obj(v)?.is_none() == none
+                }
+            }
             Quick::Generic => {
                 let leaf = &leaves[r.leaf as usize];
                 let ok = match (leaf.node, &leaf.kind) {
