@@ -85,7 +85,7 @@ def test_tensor_mutated_in_place_fails_the_packed_compare(mutate):
     (entry,) = _C.cache_entries(_three.__code__)
     tree = entry.guards
     assert tree._plan_stats()[2] == 3  # the three tensor leaves are packed
-    assert tree._replay(tuple(args)) is REPLAYED
+    assert tree._replay(tuple(args)) is True  # argument slots only: every minor replays
     with torch.no_grad():
         mutate(args[0])  # the same object, changed in place
     _agrees(tree, tuple(args), want=False)
