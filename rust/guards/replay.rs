@@ -12,6 +12,17 @@
 //! state. Anything the replay cannot decide (a version moved, a subclass tensor, an accessor or
 //! leaf it does not know) returns None and the caller runs the full path, which refreshes the
 //! caches. Every raw read lives in `crate::ffi::guard_reads`.
+//!
+//! The tree's [`Plan`], built once, says how: each node is a compact step (argument slot, dict
+//! item, `__dict__`, type, or the generic accessor); a node whose accessor an earlier node
+//! applies to the same object (its "twin": `type(m0).forward` / `type(m1).forward` for modules
+//! of one class) takes that node's value; a leaf making the same check as an earlier leaf on
+//! the same object is skipped; type-is, identity, None and length leaves are decided from the
+//! plan; a dict-keys leaf passes at once on the dict version where it last passed; plain tensor
+//! leaves are compared from packed copies of what they expect (`crate::ffi::tensor::Expect`),
+//! one cache line each, after the other leaves. All of that only reuses reads made in the same
+//! replay (no Python code runs in between) or versions that change with every mutation, so it
+//! decides exactly what the full walk decides.
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
@@ -44,6 +55,14 @@ impl NodeCache {
             return None;
         }
         Some(raw::held_at(self.val.load(Ordering::Relaxed)))
+    }
+
+    /// [`NodeCache::hit`] for a dict lookup (an item or a local), whose stamps are always
+    /// stored with owner 0: the version alone proves the value.
+    #[inline]
+    fn hit_dict(&self, stamp: u64) -> Option<Held> {
+        let s = self.stamp.load(Ordering::Relaxed);
+        (s != 0 && s == stamp).then(|| raw::held_at(self.val.load(Ordering::Relaxed)))
     }
 
     fn store(&self, stamp: u64, owner: usize, val: usize) {
@@ -342,7 +361,7 @@ pub(crate) fn replay<'py>(
                 (Locals::Slots(s), NodeOp::Slot) => raw::slot(s, st.slot as usize)?.addr(),
                 // An unchanged locals dict holds the value found last time.
                 (Locals::Mapping(_), NodeOp::Slot) => {
-                    match locals_version.and_then(|v| node.cache.hit(v, 0)) {
+                    match locals_version.and_then(|v| node.cache.hit_dict(v)) {
                         Some(h) => h.addr(),
                         None => read_root(node, input, defaults, locals_version)?.addr(),
                     }
@@ -355,7 +374,9 @@ pub(crate) fn replay<'py>(
                 memo[st.twin as usize]
             } else {
                 match st.op {
-                    NodeOp::DictItem => node.cache.hit(raw::dict_version(as_obj(pv)?)?, 0)?.addr(),
+                    NodeOp::DictItem => {
+                        node.cache.hit_dict(raw::dict_version(as_obj(pv)?)?)?.addr()
+                    }
                     NodeOp::DictOf => as_obj(pv)?.instance_dict()?.addr(),
                     NodeOp::TypeOf => as_obj(pv)?.type_of().addr(),
                     NodeOp::Generic | NodeOp::Slot => read_child(node, pv)?,
