@@ -448,9 +448,17 @@ pub fn check_expect_with(obj: &Bound<'_, PyAny>, e: &Expect, l: &TensorLayout) -
         if diff != 0 {
             return Some(false);
         }
-        // No autograd metadata: requires_grad is false (the common case for inputs, inline).
-        if (*(imp.add(l.autograd_meta) as *const *const u8)).is_null() {
+        // No autograd metadata: requires_grad is false (the common case for inputs); a plain
+        // `AutogradMeta` (parameters): `requires_grad_ || grad_fn_`. Both inline; views and
+        // anything else through `impl_requires_grad`.
+        let am = *(imp.add(l.autograd_meta) as *const *const u8);
+        if am.is_null() {
             return Some(!e.requires_grad);
+        }
+        if *(am as *const usize) == l.am_vtable {
+            let rg =
+                *am.add(l.am_requires_grad) != 0 || *(am.add(l.am_grad_fn) as *const usize) != 0;
+            return Some(rg == e.requires_grad);
         }
         impl_requires_grad(imp, l, true).map(|rg| rg == e.requires_grad)
     }
