@@ -7,7 +7,8 @@ and an 8-layer MLP nn.Module whose parameters are guarded (type of self, paramet
 tensor_match), both as that hand-built tree and as the tree of ferrodyn's own compiled entry
 (65 leaves on 99 accessors). A derived row gives the per-tensor-leaf cost (slope between 16 and
 64 args). Trees like these are decided by the replay path (`rust/guards/replay.rs`) once they
-have seen the module: dict lookups proven current by dict/type version tags.
+have seen the module: dict lookups proven current by dict/type version tags, accessors shared
+between nodes on the same object read once, plain tensor leaves compared from packed copies.
 """
 
 from __future__ import annotations

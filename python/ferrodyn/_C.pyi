@@ -301,6 +301,9 @@ class GuardBuilder:
 def _dict_version(d: dict[Any, Any]) -> int | None:
     """A dict's version tag as the guard replay path reads it (None on 3.13); for tests."""
 
+def _weakref_direct() -> bool:
+    """Whether identity leaves read a weakref's referent directly (verified at import)."""
+
 class GuardTree:
     """An immutable tree of accessors and leaves."""
 
@@ -336,6 +339,11 @@ class GuardTree:
                     f_builtins: dict[str, Any] | None = None,
                     closure: tuple[CellType, ...] | None = None) -> bool:
         """The full path's outcome alone (it refreshes the replay's memory); for tests."""
+    def _plan_stats(self) -> tuple[int, int, int]:
+        """(nodes read through an earlier twin accessor, leaves skipped after an identical one,
+        tensor leaves checked from packed copies) of the replay plan; for tests."""
+    def _nodes(self) -> list[str]:
+        """The accessors' source expressions, in node order; for tests."""
     def __len__(self) -> int:
         """Number of leaves."""
 

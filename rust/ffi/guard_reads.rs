@@ -16,6 +16,8 @@
 //!   live in inline values; 3.12 `_PyObject_DictOrValuesPointer`, the same word, with the values
 //!   pointer tagged by its low bit); `tp_dictoffset` > 0 for other types.
 //! - `PyFunctionObject.func_globals` (Include/cpython/funcobject.h), a read-only member.
+//! - `PyWeakReference.wr_object` (Include/cpython/weakrefobject.h), the referent of an identity
+//!   leaf's weak reference ([`weakref_referent`], verified on first use).
 //!
 //! A [`Held`] is a borrowed pointer: valid while the object that holds it is alive and unchanged
 //! and no Python code runs. The replay path only makes them from a frame's argument slots or
@@ -351,6 +353,69 @@ pub fn cell_contents_held(cell: Held) -> Option<Held> {
     // SAFETY: an exact cell object (Include/cpython/cellobject.h `PyCellObject.ob_ref`).
     let p = unsafe { (*(cell.0 as *mut ffi::PyCellObject)).ob_ref };
     (!p.is_null()).then_some(Held(p))
+}
+
+/// The head of a weak reference as Include/cpython/weakrefobject.h lays it out on 3.11-3.13
+/// (`struct _PyWeakReference { PyObject_HEAD; PyObject *wr_object; ... }`): `wr_object` is the
+/// referent, or `Py_None` once it died. Verified on a live and a dead reference at import
+/// ([`verify_weakref_head`], called by `crate::guards::register`); until verified (or if that
+/// failed) the public API answers. Never verified lazily: a check must not allocate (a
+/// collection could run finalizers while the replay holds borrowed pointers).
+#[repr(C)]
+struct WeakrefHead {
+    ob_base: ffi::PyObject,
+    wr_object: *mut ffi::PyObject,
+}
+
+/// 0: not verified yet, 1: direct reads verified, 2: verification failed.
+static WEAKREF_DIRECT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn weakref_field(wr: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: `wr` is a live weakref.ref (callers), at least a `WeakrefHead` long.
+    unsafe { (*(wr as *const WeakrefHead)).wr_object }
+}
+
+/// Verify [`WeakrefHead`] on a live and a dead reference and enable direct reads if it holds.
+#[cold]
+pub fn verify_weakref_head(py: Python<'_>) -> bool {
+    let check = || -> PyResult<bool> {
+        let obj = pyo3::types::PySet::empty(py)?;
+        let wr = pyo3::types::PyWeakrefReference::new(&obj)?;
+        let live = weakref_field(wr.as_ptr()) == obj.as_ptr();
+        drop(obj);
+        // SAFETY: only the address of the None singleton is read.
+        let dead = weakref_field(wr.as_ptr()) == unsafe { ffi::Py_None() };
+        Ok(live && dead)
+    };
+    let ok = check().unwrap_or(false);
+    drop(PyErr::take(py));
+    WEAKREF_DIRECT.store(if ok { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+    ok
+}
+
+/// Whether [`weakref_referent`] reads the field directly.
+pub fn weakref_direct() -> bool {
+    WEAKREF_DIRECT.load(std::sync::atomic::Ordering::Relaxed) == 1
+}
+
+/// The referent of weakref.ref `wr` as a borrowed address, null once it died: the
+/// `wr_object` field read directly (no call) where [`WeakrefHead`] was verified, else
+/// through `crate::ffi::weakref::referent_ptr`. Allocates nothing, runs no Python code.
+#[inline]
+pub fn weakref_referent(
+    py: Python<'_>,
+    wr: &Py<pyo3::types::PyWeakrefReference>,
+) -> *mut ffi::PyObject {
+    if WEAKREF_DIRECT.load(std::sync::atomic::Ordering::Relaxed) != 1 {
+        return super::weakref::referent_ptr(py, wr);
+    }
+    let p = weakref_field(wr.as_ptr());
+    // SAFETY: only the address of the None singleton is read.
+    if p == unsafe { ffi::Py_None() } {
+        std::ptr::null_mut()
+    } else {
+        p
+    }
 }
 
 #[cfg(test)]

@@ -316,22 +316,34 @@ pub fn view_meta_bytes(
 }
 
 /// What a tensor leaf expects of a plain tensor, arranged for [`check_expect`]: the fewest
-/// loads on the common path. Built from a verified layout whose dtype, device and policy
-/// bitfields are contiguous (`TensorImpl`: `data_type_` u16, `device_opt_` 3 bytes, then the
-/// 3 bitfield bytes: one 8-byte word, ending where `key_set_` starts).
+/// loads on the common path, and for up to 2 dims all of it in the first 64 bytes (one cache
+/// line when placed at a 64-byte boundary, as [`Packed`] does). Built from a verified layout
+/// whose dtype, device and policy bitfields are contiguous (`TensorImpl`: `data_type_` u16,
+/// `device_opt_` 3 bytes, then the 3 bitfield bytes: one 8-byte word, ending where `key_set_`
+/// starts). `repr(C)` only to keep that order: it mirrors no foreign struct.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Expect {
     /// The exact `THPVariable` type the leaf was built for.
     type_ptr: usize,
+    /// dtype and device bytes of the packed word (the policy bits are expected to be 0).
     word: u64,
-    word_mask: u64,
     keys: u64,
-    ndim: usize,
-    /// Sizes then strides (inline storage holds up to 5 dims: `SizesAndStrides`).
-    dims: [i64; 10],
-    /// -1 where the dimension is compared, 0 where it is dynamic / unchecked.
-    masks: [i64; 10],
+    ndim: u8,
     requires_grad: bool,
+    /// Bit `2i` set: size `i` is compared; bit `2i + 1`: stride `i`.
+    mask: u16,
+    /// (size, stride) of each dimension, interleaved.
+    dims: [i64; 2 * INLINE],
+}
+
+/// An [`Expect`] at the start of its own 64-byte line, with a tag for its owner (the replay
+/// plan keeps its tensor leaves in a vector of these). `repr(C)` only for that placement.
+#[derive(Clone, Debug)]
+#[repr(C, align(64))]
+pub struct Packed<T: Copy> {
+    pub expect: Expect,
+    pub tag: T,
 }
 
 /// Inline dimensions of `c10::impl::SizesAndStrides` (C10_SIZES_AND_STRIDES_MAX_INLINE_SIZE).
@@ -362,15 +374,15 @@ impl Expect {
             return None;
         }
         let n = r.sizes.len();
-        let (mut dims, mut masks) = ([0i64; 10], [0i64; 10]);
+        let (mut dims, mut mask) = ([0i64; 2 * INLINE], 0u16);
         for i in 0..n {
             if let Some(s) = sizes[i] {
-                dims[i] = s;
-                masks[i] = -1;
+                dims[2 * i] = s;
+                mask |= 1 << (2 * i);
             }
             if let Some(s) = strides[i] {
-                dims[INLINE + i] = s;
-                masks[INLINE + i] = -1;
+                dims[2 * i + 1] = s;
+                mask |= 1 << (2 * i + 1);
             }
         }
         let word = r.dtype as u64
@@ -380,50 +392,73 @@ impl Expect {
         Some(Expect {
             type_ptr: example.get_type_ptr() as usize,
             word,
-            word_mask: 0xFF_FFFF_FFFF | (l.policy_mask as u64) << 40,
             keys: r.keys,
-            ndim: n,
-            dims,
-            masks,
+            ndim: n as u8,
             requires_grad,
+            mask,
+            dims,
         })
     }
 }
 
 /// The tensor leaf on `obj` from raw fields: Some(false) on a mismatch, Some(true) on a match,
-/// None when only the Python API can decide (out-of-line sizes, a view's autograd metadata).
+/// None when only the Python API can decide (a view's autograd metadata of an unknown kind).
 #[inline]
 pub fn check_expect(obj: &Bound<'_, PyAny>, e: &Expect) -> Option<bool> {
+    check_expect_with(obj, e, layout()?)
+}
+
+/// [`check_expect`] with the installed [`layout`] already in hand (a caller checking many
+/// tensors reads it once).
+#[inline(always)]
+pub fn check_expect_with(obj: &Bound<'_, PyAny>, e: &Expect, l: &TensorLayout) -> Option<bool> {
     let o = obj.as_ptr();
     // SAFETY: reading a live object's type pointer.
     if unsafe { ffi::Py_TYPE(o) } as usize != e.type_ptr {
         return Some(false);
     }
-    let l = layout()?;
-    // SAFETY: `o` has the exact type of the example, a THPVariable type read with this verified
-    // layout when the Expect was built (`Expect::new`); the offsets below lie inside its
-    // TensorImpl: the packed word at `dtype` ends where `key_set_` starts, `key_set_` is 8 bytes,
-    // and for a tensor whose (equal) key set marks plain storage the inline sizes/strides hold
-    // `size_` <= 5 entries each.
+    // Mask bit `k` of `e.mask` as all ones / all zeros.
+    let sel = |k: u32| ((e.mask as i64) << (63 - k)) >> 63;
+    // SAFETY: `o` has the exact type of the example, a THPVariable type read with the verified
+    // layout `l` when the Expect was built (`Expect::new`); the offsets below lie inside its
+    // TensorImpl: the packed word at `dtype` ends where `key_set_` starts, `key_set_` is 8
+    // bytes, and for a tensor whose (equal) key set marks plain storage the inline
+    // sizes/strides hold `size_` <= 5 entries each (`size_` == `ndim` <= 5 is compared first),
+    // so the first two sizes and strides are always inside the inline array (entries past
+    // `size_` are masked out).
     unsafe {
         let imp = tensor_impl(o, l)?;
         let word = (imp.add(l.dtype) as *const u64).read_unaligned();
         let keys = *(imp.add(l.keys) as *const u64);
-        if (word & e.word_mask) != e.word || keys != e.keys {
-            return Some(false);
-        }
+        let word_mask = 0xFF_FFFF_FFFF | (l.policy_mask as u64) << 40;
         let sas = imp.add(l.sizes_strides);
-        if *(sas as *const usize) != e.ndim {
+        let n = *(sas as *const usize);
+        if (word & word_mask) != e.word || keys != e.keys || n != e.ndim as usize {
             return Some(false);
         }
         let base = sas.add(8) as *const i64;
-        let mut diff = 0i64;
-        for i in 0..e.ndim {
-            diff |= (*base.add(i) ^ e.dims[i]) & e.masks[i];
-            diff |= (*base.add(INLINE + i) ^ e.dims[INLINE + i]) & e.masks[INLINE + i];
+        let mut diff = ((*base ^ e.dims[0]) & sel(0))
+            | ((*base.add(INLINE) ^ e.dims[1]) & sel(1))
+            | ((*base.add(1) ^ e.dims[2]) & sel(2))
+            | ((*base.add(INLINE + 1) ^ e.dims[3]) & sel(3));
+        for i in 2..n {
+            diff |= (*base.add(i) ^ e.dims[2 * i]) & sel(2 * i as u32);
+            diff |= (*base.add(INLINE + i) ^ e.dims[2 * i + 1]) & sel(2 * i as u32 + 1);
         }
         if diff != 0 {
             return Some(false);
+        }
+        // No autograd metadata: requires_grad is false (the common case for inputs); a plain
+        // `AutogradMeta` (parameters): `requires_grad_ || grad_fn_`. Both inline; views and
+        // anything else through `impl_requires_grad`.
+        let am = *(imp.add(l.autograd_meta) as *const *const u8);
+        if am.is_null() {
+            return Some(!e.requires_grad);
+        }
+        if *(am as *const usize) == l.am_vtable {
+            let rg =
+                *am.add(l.am_requires_grad) != 0 || *(am.add(l.am_grad_fn) as *const usize) != 0;
+            return Some(rg == e.requires_grad);
         }
         impl_requires_grad(imp, l, true).map(|rg| rg == e.requires_grad)
     }

@@ -317,7 +317,7 @@ impl GuardBuilder {
     ) -> Result<()> {
         let spec = TensorSpec::new(example, &dynamic_dims, check_strides)?;
         let expr = spec.describe(&node.source);
-        self.leaf(Some(&node), LeafKind::Tensor(spec), expr)
+        self.leaf(Some(&node), LeafKind::Tensor(Box::new(spec)), expr)
     }
 
     /// A symbolic-shape guard: `expr` in the prefix form of `symexpr` (symbol `s<k>` is
@@ -421,7 +421,9 @@ impl GuardBuilder {
         let disc = super::tree::discriminator(&nodes, &leaves);
         let slot_of = super::tree::slots_of(&nodes);
         let replayable = super::replay::replayable(&nodes, &leaves);
+        let plan = Python::attach(|py| super::replay::Plan::new(py, &nodes, &leaves));
         Ok(GuardTree {
+            plan,
             replayable,
             replay_misses: Default::default(),
             slot_of,

@@ -43,9 +43,17 @@ impl IdRef {
             // The referent's address read without touching reference counts: equal to `ptr`
             // only while the object is alive (a dead weakref reads null).
             IdRef::Weak { addr, r } => {
-                *addr == ptr as usize && crate::ffi::weakref::referent_ptr(py, r) == ptr
+                *addr == ptr as usize && crate::ffi::guard_reads::weakref_referent(py, r) == ptr
             }
             IdRef::Strong(o) => o.as_ptr() == ptr,
+        }
+    }
+
+    /// The address this leaf compares with.
+    pub(crate) fn addr(&self) -> usize {
+        match self {
+            IdRef::Weak { addr, .. } => *addr,
+            IdRef::Strong(o) => o.as_ptr() as usize,
         }
     }
 
@@ -57,8 +65,8 @@ impl IdRef {
     }
 }
 
-// The tensor spec is inline on purpose: one pointer chase fewer per tensor leaf.
-#[allow(clippy::large_enum_variant)]
+// The tensor spec is boxed: inline it made every leaf ~600 bytes (the replay checks plain
+// tensors from its own packed copies, `replay::Plan`).
 pub(crate) enum LeafKind {
     TypeIs(IdRef),
     Is(IdRef),
@@ -67,7 +75,7 @@ pub(crate) enum LeafKind {
     Equals(Const),
     LengthIs(usize),
     DictKeys(Vec<Py<PyAny>>),
-    Tensor(TensorSpec),
+    Tensor(Box<TensorSpec>),
     GlobalState(Box<Snapshot>),
     /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
     Aliasing(Box<super::aliasing::AliasSpec>),
@@ -76,6 +84,21 @@ pub(crate) enum LeafKind {
 }
 
 impl LeafKind {
+    /// A key equal for two leaves exactly when they make the same check (the replay skips a
+    /// leaf whose twin already passed on the same value); None where that is not evident.
+    pub(crate) fn check_key(&self) -> Option<(u8, i64)> {
+        Some(match self {
+            LeafKind::TypeIs(a) => (0, a.addr() as i64),
+            LeafKind::Is(a) => (1, a.addr() as i64),
+            LeafKind::IsNone | LeafKind::Equals(Const::None) => (2, 0),
+            LeafKind::IsNotNone => (3, 0),
+            LeafKind::LengthIs(n) => (4, *n as i64),
+            LeafKind::Equals(Const::Bool(b)) => (5, *b as i64),
+            LeafKind::Equals(Const::Int(i)) => (6, *i),
+            _ => return None,
+        })
+    }
+
     /// Evaluation class: cheaper classes run first across the whole tree.
     pub(crate) fn class(&self) -> u8 {
         match self {

@@ -48,6 +48,12 @@ fn _global_state_fast_path(py: Python<'_>) -> PyResult<bool> {
     global_state::fast_path(py)
 }
 
+/// Whether identity leaves read a weakref's referent directly (verified at import), for tests.
+#[pyfunction]
+fn _weakref_direct() -> bool {
+    crate::ffi::guard_reads::weakref_direct()
+}
+
 /// A dict's version tag as the replay path reads it (None where it reads none), for tests.
 #[pyfunction]
 fn _dict_version(d: &Bound<'_, PyDict>) -> Option<u64> {
@@ -55,7 +61,9 @@ fn _dict_version(d: &Bound<'_, PyDict>) -> Option<u64> {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    crate::ffi::guard_reads::verify_weakref_head(m.py());
     m.add_function(wrap_pyfunction!(_dict_version, m)?)?;
+    m.add_function(wrap_pyfunction!(_weakref_direct, m)?)?;
     m.add_class::<GuardTree>()?;
     m.add_class::<GuardBuilder>()?;
     m.add_class::<GuardNode>()?;

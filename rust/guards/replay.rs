@@ -12,17 +12,30 @@
 //! state. Anything the replay cannot decide (a version moved, a subclass tensor, an accessor or
 //! leaf it does not know) returns None and the caller runs the full path, which refreshes the
 //! caches. Every raw read lives in `crate::ffi::guard_reads`.
+//!
+//! The tree's [`Plan`], built once, says how: each node is a compact step (argument slot, dict
+//! item, `__dict__`, type, or the generic accessor); a node whose accessor an earlier node
+//! applies to the same object (its "twin": `type(m0).forward` / `type(m1).forward` for modules
+//! of one class) takes that node's value; a leaf making the same check as an earlier leaf on
+//! the same object is skipped; type-is, identity, None and length leaves are decided from the
+//! plan; a dict-keys leaf passes at once on the dict version where it last passed; plain tensor
+//! leaves are compared from packed copies of what they expect (`crate::ffi::tensor::Expect`),
+//! one cache line each, after the other leaves. All of that only reuses reads made in the same
+//! replay (no Python code runs in between) or versions that change with every mutation, so it
+//! decides exactly what the full walk decides.
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use super::access::Access;
 use super::consts::Const;
-use super::leaves::{Leaf, LeafKind};
+use super::leaves::{IdRef, Leaf, LeafKind};
 use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
-use super::tree::Node;
+use super::tree::{GuardTree, Node};
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
+use crate::ffi::tensor::{check_expect_with, Packed};
 
 /// What one node's accessor found last time, stamped with what proves it still holds.
 #[derive(Default)]
@@ -42,6 +55,14 @@ impl NodeCache {
             return None;
         }
         Some(raw::held_at(self.val.load(Ordering::Relaxed)))
+    }
+
+    /// [`NodeCache::hit`] for a dict lookup (an item or a local), whose stamps are always
+    /// stored with owner 0: the version alone proves the value.
+    #[inline]
+    fn hit_dict(&self, stamp: u64) -> Option<Held> {
+        let s = self.stamp.load(Ordering::Relaxed);
+        (s != 0 && s == stamp).then(|| raw::held_at(self.val.load(Ordering::Relaxed)))
     }
 
     fn store(&self, stamp: u64, owner: usize, val: usize) {
@@ -105,6 +126,190 @@ fn as_obj(v: Val) -> Option<Held> {
     (v & 1 == 0 && v != 0).then(|| raw::held_at(v))
 }
 
+/// What the replay precomputes about a tree at build time.
+#[derive(Default)]
+pub(crate) struct Plan {
+    /// The tensor leaves with a packed compare, each tagged (node, leaf index), in leaf order,
+    /// one 64-byte line apart (what the check reads of a leaf with up to 2 dims is one line);
+    /// they are checked after the other leaves.
+    tensors: Vec<Packed<(u32, u32)>>,
+    /// The other leaves, in leaf order.
+    rest: Vec<RestLeaf>,
+    /// Per node, how the replay reads it.
+    steps: Vec<Step>,
+}
+
+/// How the replay reads one node (compact: the walk touches a `Node` only for its cache or
+/// an accessor it does not specialise).
+#[derive(Clone, Copy)]
+struct Step {
+    /// `NONE` for a root.
+    parent: u32,
+    /// An earlier node with the same accessor (`NONE`: none), and that node's parent. When
+    /// both parents hold the same object, so do both nodes (one replay runs no Python code,
+    /// and every accessor it replays is a pure read): e.g. `type(m0).forward` and
+    /// `type(m1).forward` for two modules of one class are read once.
+    twin: u32,
+    twin_parent: u32,
+    op: NodeOp,
+    /// For `NodeOp::Slot`: the argument slot.
+    slot: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NodeOp {
+    /// A root `L[i]`: argument slot `Step::slot` when the input has slots.
+    Slot,
+    /// `parent[str key]` of an exact dict, proven current by the node's cache.
+    DictItem,
+    DictOf,
+    TypeOf,
+    /// `read_root` / `read_child`.
+    Generic,
+}
+
+/// One leaf other than the packed tensors.
+struct RestLeaf {
+    leaf: u32,
+    /// The leaf's node (`NONE`: a leaf over several nodes or none).
+    node: u32,
+    /// The node of an earlier leaf making the same check (`NONE`: none): when both nodes hold
+    /// the same object, the leaf has passed already.
+    twin: u32,
+    quick: Quick,
+    /// For a dict-keys leaf: the version of the dict whose keys it last found equal (0:
+    /// none). An unchanged dict has unchanged keys: the leaf passes again without iterating.
+    keys_seen: AtomicU64,
+}
+
+/// Leaves decided from the plan alone, without visiting the `Leaf`.
+#[derive(Clone, Copy)]
+enum Quick {
+    /// `type(v) is` the type at this address (held strongly by the leaf).
+    TypeIs(usize),
+    /// `len(v) == n` of an exact dict, OrderedDict, list or tuple.
+    Len(usize),
+    /// `v is` this object (held strongly by the leaf).
+    IsPtr(usize),
+    /// `v is None` / `v is not None`.
+    IsNone(bool),
+    Generic,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl Plan {
+    /// (nodes with a twin, leaves with a twin, packed tensor leaves), for tests.
+    pub(crate) fn stats(&self) -> (usize, usize, usize) {
+        (
+            self.steps.iter().filter(|s| s.twin != NONE).count(),
+            self.rest.iter().filter(|r| r.twin != NONE).count(),
+            self.tensors.len(),
+        )
+    }
+}
+
+/// A key equal for two child nodes that apply the same accessor (to possibly different
+/// parents): attribute names and `str` item keys by content, other item keys by identity.
+fn access_key(py: Python<'_>, a: &Access) -> Option<(u8, String, usize, Option<isize>)> {
+    let key = |x: &Bound<'_, PyAny>| match x.cast_exact::<PyString>() {
+        Ok(s) => s.to_str().ok().map(|s| (s.to_owned(), 0)),
+        Err(_) => Some((String::new(), x.as_ptr() as usize)),
+    };
+    match a {
+        Access::Attr(x) => key(x.bind(py).as_any()).map(|(s, p)| (0, s, p, None)),
+        Access::Item { key: x, index, .. } => key(x.bind(py)).map(|(s, p)| (1, s, p, *index)),
+        Access::DictOf => Some((2, String::new(), 0, None)),
+        Access::TypeOf => Some((3, String::new(), 0, None)),
+        Access::LenOf => Some((4, String::new(), 0, None)),
+        _ => None,
+    }
+}
+
+impl Plan {
+    pub(crate) fn new(py: Python<'_>, nodes: &[Node], leaves: &[Leaf]) -> Plan {
+        let mut plan = Plan::default();
+        // Twins: the first earlier node with the same accessor; `group` is the first node of
+        // such a chain (nodes in one group may hold the same object).
+        let mut group: Vec<usize> = (0..nodes.len()).collect();
+        let mut first = std::collections::HashMap::new();
+        for (n, node) in nodes.iter().enumerate() {
+            let twin = node
+                .parent
+                .and_then(|_| access_key(py, &node.access))
+                .and_then(|k| match first.entry(k) {
+                    std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(n);
+                        None
+                    }
+                });
+            let (twin, twin_parent) = match twin {
+                Some(m) => {
+                    group[n] = group[m];
+                    (m as u32, nodes[m].parent.unwrap() as u32)
+                }
+                None => (NONE, NONE),
+            };
+            let op = match &node.access {
+                Access::Local { .. } if node.parent.is_none() => NodeOp::Slot,
+                Access::Item { index: None, .. } => NodeOp::DictItem,
+                Access::DictOf => NodeOp::DictOf,
+                Access::TypeOf => NodeOp::TypeOf,
+                _ => NodeOp::Generic,
+            };
+            plan.steps.push(Step {
+                parent: node.parent.map_or(NONE, |p| p as u32),
+                twin,
+                twin_parent,
+                op,
+                slot: match &node.access {
+                    Access::Local { index, .. } => *index as u32,
+                    _ => 0,
+                },
+            });
+        }
+        let mut checks = std::collections::HashMap::new();
+        for (i, l) in leaves.iter().enumerate() {
+            match (&l.kind, l.node) {
+                (LeafKind::Tensor(t), Some(n)) if t.expect().is_some() => {
+                    plan.tensors.push(Packed {
+                        expect: t.expect().cloned().unwrap(),
+                        tag: (n as u32, i as u32),
+                    })
+                }
+                _ => {
+                    let twin = l.node.zip(l.kind.check_key()).and_then(|(n, k)| {
+                        match checks.entry((group[n], k)) {
+                            std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(n as u32);
+                                None
+                            }
+                        }
+                    });
+                    let quick = match &l.kind {
+                        LeafKind::TypeIs(IdRef::Strong(t)) => Quick::TypeIs(t.as_ptr() as usize),
+                        LeafKind::LengthIs(n) => Quick::Len(*n),
+                        LeafKind::Is(IdRef::Strong(o)) => Quick::IsPtr(o.as_ptr() as usize),
+                        LeafKind::IsNone | LeafKind::Equals(Const::None) => Quick::IsNone(true),
+                        LeafKind::IsNotNone => Quick::IsNone(false),
+                        _ => Quick::Generic,
+                    };
+                    plan.rest.push(RestLeaf {
+                        leaf: i as u32,
+                        node: l.node.map_or(NONE, |n| n as u32),
+                        twin: twin.unwrap_or(NONE),
+                        quick,
+                        keys_seen: AtomicU64::new(0),
+                    });
+                }
+            }
+        }
+        plan
+    }
+}
+
 /// Whether a tree with these nodes and leaves can be replayed at all.
 pub(crate) fn replayable(nodes: &[Node], leaves: &[Leaf]) -> bool {
     let access_ok = nodes
@@ -124,36 +329,111 @@ pub(crate) fn replayable(nodes: &[Node], leaves: &[Leaf]) -> bool {
 /// appended to `out`. None: the full path must decide.
 pub(crate) fn replay<'py>(
     py: Python<'py>,
-    nodes: &[Node],
-    leaves: &[Leaf],
-    exports: &[usize],
+    tree: &GuardTree,
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
     out: Option<&mut Vec<Bound<'py, PyAny>>>,
 ) -> Option<bool> {
+    let (nodes, leaves, plan, exports) = (&tree.nodes, &tree.leaves, &tree.plan, &tree.exports);
+    // Zeroed per check: small trees take the small array.
+    const SMALL: usize = 32;
     const STACK: usize = 128;
-    let mut stack = [0usize; STACK];
+    let mut small = [0usize; SMALL];
+    let mut stack;
     let mut heap;
-    let memo: &mut [Val] = if nodes.len() <= STACK {
+    let memo: &mut [Val] = if nodes.len() <= SMALL {
+        &mut small[..nodes.len()]
+    } else if nodes.len() <= STACK {
+        stack = [0usize; STACK];
         &mut stack[..nodes.len()]
     } else {
         heap = vec![0usize; nodes.len()];
         &mut heap[..]
     };
-    for (i, node) in nodes.iter().enumerate() {
-        memo[i] = match node.parent {
-            None => read_root(node, input, defaults)?.addr(),
-            Some(p) => read_child(node, memo[p])?,
+    // The version of a name->value locals dict, read once for all its lookups.
+    let locals_version = match &input.locals {
+        Locals::Mapping(m) => raw::dict_version(raw::held(m)),
+        Locals::Slots(_) => None,
+    };
+    for (i, (node, st)) in nodes.iter().zip(&plan.steps).enumerate() {
+        memo[i] = if st.parent == NONE {
+            match (&input.locals, st.op) {
+                (Locals::Slots(s), NodeOp::Slot) => raw::slot(s, st.slot as usize)?.addr(),
+                // An unchanged locals dict holds the value found last time.
+                (Locals::Mapping(_), NodeOp::Slot) => {
+                    match locals_version.and_then(|v| node.cache.hit_dict(v)) {
+                        Some(h) => h.addr(),
+                        None => read_root(node, input, defaults, locals_version)?.addr(),
+                    }
+                }
+                _ => read_root(node, input, defaults, locals_version)?.addr(),
+            }
+        } else {
+            let pv = memo[st.parent as usize];
+            if st.twin != NONE && memo[st.twin_parent as usize] == pv {
+                memo[st.twin as usize]
+            } else {
+                match st.op {
+                    NodeOp::DictItem => {
+                        node.cache.hit_dict(raw::dict_version(as_obj(pv)?)?)?.addr()
+                    }
+                    NodeOp::DictOf => as_obj(pv)?.instance_dict()?.addr(),
+                    NodeOp::TypeOf => as_obj(pv)?.type_of().addr(),
+                    NodeOp::Generic | NodeOp::Slot => read_child(node, pv)?,
+                }
+            }
         };
     }
-    for leaf in leaves {
-        let ok = match (leaf.node, &leaf.kind) {
-            (None, LeafKind::GlobalState(s)) => s.check_raw(),
-            (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
-            (Some(n), kind) => check_leaf(py, kind, memo[n]),
-            _ => None,
+    let layout = if plan.tensors.is_empty() {
+        None
+    } else {
+        crate::ffi::tensor::layout()
+    };
+    for r in &plan.rest {
+        let v = if r.node == NONE {
+            0
+        } else {
+            memo[r.node as usize]
         };
-        let ok = ok?;
+        if r.twin != NONE && memo[r.twin as usize] == v {
+            continue; // the same check passed on the same value
+        }
+        let ok = match r.quick {
+            Quick::TypeIs(t) => as_obj(v)?.type_of().addr() == t,
+            Quick::Len(n) => as_obj(v)?.exact_len()? == n,
+            Quick::IsPtr(p) => as_obj(v)?.addr() == p,
+            Quick::IsNone(none) => {
+                if v & 1 == 1 {
+                    !none // a length is never None
+                } else {
+                    as_obj(v)?.is_none() == none
+                }
+            }
+            Quick::Generic => {
+                let leaf = &leaves[r.leaf as usize];
+                let ok = match (leaf.node, &leaf.kind) {
+                    (None, LeafKind::GlobalState(s)) => s.check_raw(),
+                    (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
+                    (Some(_), LeafKind::DictKeys(keys)) => check_keys(keys, v, &r.keys_seen),
+                    (Some(_), kind) => check_leaf(py, kind, v),
+                    _ => None,
+                };
+                ok?
+            }
+        };
+        if !ok {
+            return Some(false);
+        }
+    }
+    // (a plan has packed tensors only where a layout is installed)
+    for t in plan.tensors.iter().filter(|_| layout.is_some()) {
+        let (n, i) = t.tag;
+        let v = memo[n as usize];
+        let h = as_obj(v)?;
+        let ok = match check_expect_with(&h.bound(py), &t.expect, layout?) {
+            Some(ok) => ok,
+            None => check_leaf(py, &leaves[i as usize].kind, v)?,
+        };
         if !ok {
             return Some(false);
         }
@@ -173,16 +453,28 @@ pub(crate) fn replay<'py>(
     Some(true)
 }
 
+#[inline]
 fn read_root<'py>(
     node: &Node,
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
+    locals_version: Option<u64>,
 ) -> Option<Held> {
     match &node.access {
         Access::Local { index, name, hint } => match &input.locals {
             Locals::Slots(s) => raw::slot(s, *index),
             Locals::Mapping(m) => {
-                raw::dict_get_at_held(raw::held(m), name.bind(m.py()).as_any(), hint.position()?)
+                // An unchanged dict (same version) holds the value found last time.
+                let d = raw::held(m);
+                let version = locals_version;
+                if let Some(h) = version.and_then(|v| node.cache.hit(v, 0)) {
+                    return Some(h);
+                }
+                let h = raw::dict_get_at_held(d, name.bind(m.py()).as_any(), hint.position()?)?;
+                if let Some(v) = version {
+                    node.cache.store(v, 0, h.addr());
+                }
+                Some(h)
             }
         },
         Access::Global(_) => {
@@ -203,6 +495,7 @@ fn read_root<'py>(
     }
 }
 
+#[inline]
 fn read_child(node: &Node, parent: Val) -> Option<Val> {
     let p = as_obj(parent)?;
     let v = match &node.access {
@@ -297,6 +590,22 @@ fn check_shape_by_symbol(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<
     (!undecided).then_some(ok)
 }
 
+/// A dict-keys leaf: passes at once on a dict at the version where its keys were last found
+/// equal (versions are unique per dict and state), else compares them and remembers a pass.
+fn check_keys(keys: &[Py<PyAny>], v: Val, seen: &AtomicU64) -> Option<bool> {
+    let h = as_obj(v)?;
+    let version = raw::dict_version(h).filter(|&v| v != 0);
+    if version.is_some_and(|v| seen.load(Ordering::Relaxed) == v) {
+        return Some(true);
+    }
+    let ok = raw::dict_keys_are(h, keys)?;
+    if let (true, Some(v)) = (ok, version) {
+        seen.store(v, Ordering::Relaxed);
+    }
+    Some(ok)
+}
+
+#[inline]
 fn check_leaf(py: Python<'_>, kind: &LeafKind, v: Val) -> Option<bool> {
     if v & 1 == 1 {
         // A length: only compared with ints.

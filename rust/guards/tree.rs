@@ -63,6 +63,8 @@ pub struct GuardTree {
     pub(crate) slot_of: Vec<Option<usize>>,
     /// Whether every accessor and leaf can be replayed from raw reads (`replay`).
     pub(crate) replayable: bool,
+    /// What the replay precomputed about this tree.
+    pub(crate) plan: replay::Plan,
     /// Replays in a row that could not decide (see `GuardTree::replay`).
     pub(crate) replay_misses: AtomicU32,
 }
@@ -122,15 +124,7 @@ impl GuardTree {
         }
         let g = self.globals.as_ref().map(|g| g.bind(py).as_any());
         let b = self.builtins.as_ref().map(|b| b.bind(py).as_any());
-        let r = replay::replay(
-            py,
-            &self.nodes,
-            &self.leaves,
-            &self.exports,
-            input,
-            (g, b),
-            out,
-        );
+        let r = replay::replay(py, self, input, (g, b), out);
         let next = if r.is_some() {
             0
         } else {
@@ -517,10 +511,21 @@ impl GuardTree {
             .is_none()))
     }
 
+    /// What the replay plan shares or packs: (nodes read through an earlier twin, leaves
+    /// skipped after an earlier identical one, tensor leaves checked from packed copies).
+    fn _plan_stats(&self) -> (usize, usize, usize) {
+        self.plan.stats()
+    }
+
     /// Whether every accessor and leaf of this tree can be replayed from raw reads.
     #[getter]
     fn replayable(&self) -> bool {
         self.replayable
+    }
+
+    /// The accessors' source expressions, in node order.
+    fn _nodes(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.source.clone()).collect()
     }
 
     fn leaves(&self) -> Vec<String> {

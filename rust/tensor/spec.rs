@@ -178,6 +178,12 @@ impl TensorSpec {
         })
     }
 
+    /// The packed compare of plain tensors, when this leaf has one.
+    #[inline]
+    pub fn expect(&self) -> Option<&Expect> {
+        self.expect.as_ref()
+    }
+
     /// The check decided from raw reads alone (no Python call, no allocation): None when only
     /// the Python API can decide (a tensor subclass, a view's autograd metadata, ...).
     #[inline]
