@@ -371,7 +371,10 @@ pub fn new_key_ref<'py>(
         // The argument tuple is reused from call to call (as `zip` reuses its result tuple):
         // taken out of `ARGS` (so a nested call, from code the allocation runs, makes its own),
         // filled, emptied after the call, and put back if nothing else kept a reference to it.
-        let mut args = ARGS.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        // (a load and a store, not `swap`: the GIL orders every access, and `swap` would be
+        // a locked instruction on each call)
+        let mut args = ARGS.load(Ordering::Relaxed);
+        ARGS.store(std::ptr::null_mut(), Ordering::Relaxed);
         if args.is_null() {
             args = ffi::PyTuple_New(2);
             if args.is_null() {
@@ -390,7 +393,8 @@ pub fn new_key_ref<'py>(
                 ffi::PyTuple_SET_ITEM(args, i, std::ptr::null_mut());
                 ffi::Py_DECREF(item);
             }
-            let previous = ARGS.swap(args, Ordering::Relaxed);
+            let previous = ARGS.load(Ordering::Relaxed);
+            ARGS.store(args, Ordering::Relaxed);
             if !previous.is_null() {
                 ffi::Py_DECREF(previous);
             }

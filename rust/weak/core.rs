@@ -302,30 +302,53 @@ impl Core {
         self.locked(py, |t| t.get(k).is_some_and(|e| self.matches(py, e, key)))
     }
 
-    /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`);
-    /// returns the value stored afterwards.
-    pub fn insert(
+    /// `d[key] = value`.
+    #[inline]
+    pub fn set(&self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.insert(key, value, true).map(drop)
+    }
+
+    /// `d.setdefault(key, default)`: the value stored under `key` afterwards.
+    pub fn setdefault(
+        &self,
+        key: &Bound<'_, PyAny>,
+        default: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        Ok(self
+            .insert(key, default, false)?
+            .unwrap_or_else(|| default.clone().unbind()))
+    }
+
+    /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`).
+    /// Returns the present value when it was kept (`value` is what is stored otherwise).
+    ///
+    /// Two probes of the table for a new key: one to find the key absent before its weakref is
+    /// made, one that inserts (or finds the key, when the code that making the weakref can run
+    /// inserted it meanwhile).
+    fn insert(
         &self,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         overwrite: bool,
-    ) -> PyResult<Py<PyAny>> {
+    ) -> PyResult<Option<Py<PyAny>>> {
         let py = key.py();
         let k = self.lookup_key(key)?;
         // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
         let hit = self.locked(py, |t| match t.get_mut(k) {
             Some(e) if self.matches(py, e, key) => Some(if overwrite {
-                (
-                    std::mem::replace(&mut e.value, GilRef::new(value.clone().unbind())),
-                    value.clone().unbind(),
-                )
+                Err(std::mem::replace(
+                    &mut e.value,
+                    GilRef::new(value.clone().unbind()),
+                ))
             } else {
-                (GilRef::new(value.clone().unbind()), e.value.clone_ref(py))
+                Ok(e.value.clone_ref(py))
             }),
             _ => None,
         })?;
-        if let Some((_old, now)) = hit {
-            return Ok(now);
+        match hit {
+            Some(Ok(present)) => return Ok(Some(present)),
+            Some(Err(_old)) => return Ok(None),
+            None => {}
         }
         // 2. absent: make the weakref unlocked (it can run the garbage collector, hence any code).
         let wr = weakkey::new_key_ref(key, self.callback.bind(py))?;
@@ -334,27 +357,19 @@ impl Core {
             wr: GilRef::new(wr.unbind()),
             value: GilRef::new(value.clone().unbind()),
         };
-        // 3. insert, unless that code inserted the key meanwhile.
-        let (now, _unused) = self.locked(py, |t| match t.get_mut(k) {
-            Some(e) if self.matches(py, e, key) => {
-                if overwrite {
-                    let old =
-                        std::mem::replace(&mut e.value, GilRef::new(entry.value.clone_ref(py)));
-                    (entry.value.clone_ref(py), Some((entry, Some(old))))
-                } else {
-                    (e.value.clone_ref(py), Some((entry, None)))
+        // 3. insert, unless that code inserted the key meanwhile; what is not kept (the new
+        // entry, or the value it replaced) is dropped unlocked.
+        let (present, _unused) = self.locked(py, |t| {
+            match t.insert_or_present(k, refid, entry, |e| self.matches(py, e, key)) {
+                Ok(()) => (None, None),
+                Err((mut unused, e)) if overwrite => {
+                    std::mem::swap(&mut e.value, &mut unused.value);
+                    (None, Some(unused))
                 }
-            }
-            stale => {
-                if stale.is_some() {
-                    t.remove(k, false);
-                }
-                let now = entry.value.clone_ref(py);
-                t.insert_new(k, refid, entry);
-                (now, None)
+                Err((unused, e)) => (Some(e.value.clone_ref(py)), Some(unused)),
             }
         })?;
-        Ok(now)
+        Ok(present)
     }
 
     /// Remove `key` explicitly; `None` when absent (after torch's TypeError check).
@@ -444,7 +459,7 @@ impl Core {
         };
         for item in source.call_method0(intern!(py, "items"))?.try_iter()? {
             let (k, v) = unpack2(&item?)?;
-            self.insert(&k, &v, true)?;
+            self.set(&k, &v)?;
         }
         Ok(())
     }

@@ -175,7 +175,7 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn __setitem__(&self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.core.insert(key, value, true).map(drop)
+        self.core.set(key, value)
     }
 
     fn __delitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -228,7 +228,7 @@ impl PyWeakIdKeyDictionary {
         default: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let none = py.None().into_bound(py);
-        self.core.insert(key, default.unwrap_or(&none), false)
+        self.core.setdefault(key, default.unwrap_or(&none))
     }
 
     #[pyo3(signature = (dict=None, **kwargs))]
@@ -276,7 +276,7 @@ impl PyWeakIdKeyDictionary {
         let new = Self::empty_like(slf)?;
         let core = core_of(&new).expect("empty_like makes one of ours");
         for (k, v) in slf.get().core.snapshot(py)? {
-            core.insert(&k, v.bind(py), true)?;
+            core.set(&k, v.bind(py))?;
         }
         Ok(new)
     }

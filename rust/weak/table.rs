@@ -173,6 +173,51 @@ impl<E: Placed> Table<E> {
         self.size_changes += 1;
     }
 
+    /// Insert `entry` under `key` with a single probe of the index, unless a live slot holds
+    /// `key` and `is_present` accepts its entry: then `entry` is handed back with the present
+    /// one. A live slot holding `key` that `is_present` rejects (its key died and a new object
+    /// took the address before the death was processed) is removed first, as a death would.
+    /// Counts as a size change when it inserts.
+    pub fn insert_or_present(
+        &mut self,
+        key: u64,
+        refid: usize,
+        entry: E,
+        is_present: impl FnOnce(&E) -> bool,
+    ) -> Result<(), (E, &mut E)> {
+        let new_i = self.slots.len();
+        match self.index.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let i = *o.get();
+                let held = match self.slots.get(i) {
+                    Some(Some(s)) if s.key == key => Some(is_present(&s.entry)),
+                    _ => None, // a stale index entry
+                };
+                match held {
+                    Some(true) => {
+                        let s = self.slots[i].as_mut().expect("checked live above");
+                        return Err((entry, &mut s.entry));
+                    }
+                    Some(false) => {
+                        let old = self.slots[i].take().expect("checked live above");
+                        self.live -= 1;
+                        self.trash.push(old.entry);
+                    }
+                    None => {}
+                }
+                *o.get_mut() = new_i;
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(new_i);
+            }
+        }
+        entry.place(new_i);
+        self.slots.push(Some(Slot { key, refid, entry }));
+        self.live += 1;
+        self.size_changes += 1;
+        Ok(())
+    }
+
     fn take_slot(&mut self, i: usize) -> Option<&E> {
         let slot = self.slots[i].take()?;
         self.index.remove(&slot.key);
@@ -260,8 +305,21 @@ impl<E: Placed> Table<E> {
     /// trailing ones always, the rest at `COMPACT_RATIO`. The index is rebuilt
     /// (without stale entries) whenever slots move; otherwise its stale entries are dropped in
     /// place at the same ratio of stale to live entries (slots stay put for that, so it is done
-    /// even while iterators exist).
+    /// even while iterators exist). Runs at the end of every locked section: the checks are
+    /// inline, the work is not.
+    #[inline]
     pub fn maybe_compact(&mut self, allowed: bool) {
+        let n = self.slots.len();
+        let tombstones = allowed
+            && (matches!(self.slots.last(), Some(None))
+                || (n >= COMPACT_MIN_SLOTS && self.live * COMPACT_RATIO <= n));
+        if tombstones || self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS {
+            self.compact(allowed);
+        }
+    }
+
+    #[inline(never)]
+    fn compact(&mut self, allowed: bool) {
         if allowed {
             while matches!(self.slots.last(), Some(None)) {
                 self.slots.pop();
