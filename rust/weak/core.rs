@@ -372,6 +372,20 @@ impl Core {
         Ok(present)
     }
 
+    /// `del d[key]`: false when absent (after torch's TypeError check). Clones nothing (the
+    /// direct `mp_ass_subscript` slot may drop no `Py`).
+    pub fn delete(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = key.py();
+        let k = self.lookup_key(key)?;
+        let found = self.locked(py, |t| {
+            t.get(k).is_some_and(|e| self.matches(py, e, key)) && t.remove(k, true).is_some()
+        })?;
+        if !found {
+            self.check_miss(key)?;
+        }
+        Ok(found)
+    }
+
     /// Remove `key` explicitly; `None` when absent (after torch's TypeError check).
     pub fn remove(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         let py = key.py();

@@ -1,0 +1,325 @@
+"""ferrodyn.weak (rust/weak/core.rs `Core::insert`, rust/ffi/mapslot.rs): the paths of inserting
+a new key and of `d[k] = v` / `del d[k]`, checked against torch.utils.weak where both can run.
+
+- `d[k] = v` and `del d[k]` on the native classes go through a direct `mp_ass_subscript` slot
+  (no pyo3 trampoline); Python subclasses go through `__setitem__`/`__delitem__`. Both must
+  behave alike, release replaced and deleted values at once (no deferred release), and raise
+  the same errors.
+- A new key's insert looks the key up, makes its weakref with the table unlocked (which can run
+  the garbage collector, hence any code), then inserts with one more probe: code run meanwhile
+  that inserts the same key must be seen (`d[k] = v` overwrites it, `setdefault` keeps it).
+- Keys dying right after their insert, re-inserted after death, dictionaries dying before their
+  keys, many keys (table growth), all with the table's invariants checked.
+"""
+
+import gc
+import sys
+
+import pytest
+import torch
+import torch.utils.weak as tweak
+
+import ferrodyn.weak as fweak
+from ferrodyn import _C
+
+
+class Key:
+    def __init__(self, tag=0):
+        self.tag = tag
+
+
+class OnDel:
+    """A value that appends `tag` to `log` when it is released."""
+
+    def __init__(self, log, tag):
+        self.log, self.tag = log, tag
+
+    def __del__(self):
+        self.log.append(self.tag)
+
+
+class PySub(fweak.WeakIdKeyDictionary):
+    """A Python subclass: its `d[k] = v` runs pyo3's `__setitem__`, not the direct slot."""
+
+
+class PyExactSub(fweak.WeakKeyExactDictionary):
+    pass
+
+
+FERRODYN = {
+    "native": fweak.WeakIdKeyDictionary,
+    "native-exact": fweak.WeakKeyExactDictionary,
+    "python-subclass": PySub,
+    "python-subclass-exact": PyExactSub,
+}
+ALL = {**FERRODYN, "torch": tweak.WeakIdKeyDictionary}
+
+
+def check(d):
+    if not isinstance(d, tweak.WeakIdKeyDictionary):
+        _C._debug_weak_check(d)
+
+
+@pytest.fixture(params=sorted(ALL))
+def WeakDict(request):
+    return ALL[request.param]
+
+
+@pytest.fixture(params=sorted(FERRODYN))
+def FDict(request):
+    return FERRODYN[request.param]
+
+
+def test_native_classes_carry_the_direct_slot_and_python_subclasses_inherit_behaviour():
+    assert _C._debug_weak_direct_setitem(fweak.WeakIdKeyDictionary)
+    # the native subclass is created after the slot is installed, so it copies it
+    assert _C._debug_weak_direct_setitem(fweak.WeakKeyExactDictionary)
+    # a Python subclass takes pyo3's slot from the __setitem__ descriptor: same behaviour
+    assert not _C._debug_weak_direct_setitem(PySub)
+
+
+def test_overwrite_and_delete_release_values_at_once(WeakDict):
+    log = []
+    d = WeakDict()
+    k = Key()
+    d[k] = OnDel(log, "a")
+    d[k] = OnDel(log, "b")
+    assert log == ["a"]
+    del d[k]
+    assert log == ["a", "b"]
+    d[k] = OnDel(log, "c")
+    del k  # the key dies: its value goes with it
+    assert log == ["a", "b", "c"]
+    assert len(d) == 0
+
+
+def test_reference_counts_through_the_slot(FDict):
+    d = FDict()
+    k, v = Key(), Key()
+    base_k, base_v = sys.getrefcount(k), sys.getrefcount(v)
+    for _ in range(3):
+        d[k] = v
+    assert (sys.getrefcount(k), sys.getrefcount(v)) == (base_k, base_v + 1)
+    del d[k]
+    assert (sys.getrefcount(k), sys.getrefcount(v)) == (base_k, base_v)
+    with pytest.raises(KeyError):
+        del d[k]
+    assert (sys.getrefcount(k), sys.getrefcount(v)) == (base_k, base_v)
+
+
+@pytest.mark.parametrize("key", [13, "s", (1, 2), None])
+def test_errors_of_the_slot_match_torch(key):
+    for cls in (tweak.WeakIdKeyDictionary, fweak.WeakIdKeyDictionary, PySub):
+        d = cls()
+        with pytest.raises(TypeError, match="cannot create weak reference"):
+            d[key] = 1
+        with pytest.raises(TypeError, match="cannot create weak reference"):
+            del d[key]
+        assert len(d) == 0
+    for cls in (fweak.WeakKeyExactDictionary, PyExactSub):
+        d = cls()
+        with pytest.raises(TypeError, match="cannot create weak reference"):
+            d[key] = 1
+        with pytest.raises(KeyError):  # lookups of such keys miss in the exact dictionary
+            del d[key]
+
+
+def test_missing_key_error_names_the_key(FDict):
+    # (torch's names the WeakIdRef it made for the lookup)
+    d = FDict()
+    k = Key()
+    with pytest.raises(KeyError) as e:
+        del d[k]
+    assert e.value.args == (k,)
+
+
+@pytest.fixture
+def gc_on_every_allocation():
+    """Collect on every GC-tracked allocation (a new key's weakref is one), restoring after."""
+    was = gc.isenabled()
+    old = gc.get_threshold()
+    gc.enable()
+    gc.set_threshold(1)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        if not was:
+            gc.disable()
+
+
+def run_with_a_collection_inside(make):
+    """`make()` -> (insert, action): call `insert()` with `action()` run by a garbage collection
+    inside it (the first one once it started), and return what `insert` returned. At threshold
+    1, a collection runs at the allocation that brings the count of new GC-tracked objects to 2;
+    a full collection leaves the count at 0 or 1 and one more allocation may follow, so one of
+    two consecutive attempts collects at the insert's first GC-tracked allocation (the key's
+    weakref, for ferrodyn). An attempt where no collection ran inside is made again with fresh
+    state from `make`."""
+    for attempt in range(6):
+        insert, action = make()
+        armed, fired = [], []
+
+        def cb(phase, info):
+            if phase == "start" and armed and not fired:
+                fired.append(True)
+                action()
+
+        gc.callbacks.append(cb)
+        try:
+            gc.collect()
+            pad = [] if attempt % 2 else None  # noqa: F841  (one allocation or none)
+            armed.append(True)  # (no GC-tracked allocation)
+            result = insert()
+        finally:
+            gc.callbacks.remove(cb)
+        if fired:
+            return result
+    pytest.fail("no garbage collection ran inside the insert")
+
+
+def test_key_inserted_while_its_weakref_is_made_is_overwritten(WeakDict, gc_on_every_allocation):
+    state = {}
+
+    def make():
+        d, k = WeakDict(), Key()
+        state.update(d=d, k=k)
+
+        def insert():
+            d[k] = "outer"
+
+        def action():
+            d[k] = "from gc"
+
+        return insert, action
+
+    run_with_a_collection_inside(make)
+    d, k = state["d"], state.pop("k")
+    assert len(d) == 1 and d[k] == "outer"
+    check(d)
+    del k
+    assert len(d) == 0
+    check(d)
+
+
+def test_setdefault_keeps_a_value_inserted_while_its_weakref_is_made(WeakDict,
+                                                                    gc_on_every_allocation):
+    state = {}
+
+    def make():
+        d, k = WeakDict(), Key()
+        state.update(d=d, k=k)
+
+        def action():
+            d[k] = "from gc"
+
+        return (lambda: d.setdefault(k, "outer")), action
+
+    got = run_with_a_collection_inside(make)
+    d, k = state["d"], state["k"]
+    assert got == "from gc" and d[k] == "from gc" and len(d) == 1
+    check(d)
+
+
+def test_other_keys_inserted_and_killed_while_a_weakref_is_made(WeakDict, gc_on_every_allocation):
+    state = {}
+
+    def make():
+        d = WeakDict()
+        others = [Key(i) for i in range(5)]
+        for o in others:
+            d[o] = o.tag
+        k, extra = Key(99), Key(100)
+        state.update(d=d, k=k, extra=extra, others=others)
+
+        def insert():
+            d[k] = "k"
+
+        def action():
+            d[extra] = "extra"
+            others.pop()  # a key dies: its entry goes
+
+        return insert, action
+
+    run_with_a_collection_inside(make)
+    d = state["d"]
+    assert sorted(x.tag for x in d) == [0, 1, 2, 3, 99, 100]
+    assert d[state["k"]] == "k" and d[state["extra"]] == "extra"
+    check(d)
+
+
+def test_key_dying_right_after_insert_then_reinserted(WeakDict):
+    d = WeakDict()
+    for i in range(200):
+        k = Key(i)
+        d[k] = i
+        del k  # dies at once
+        assert len(d) == 0
+    keep = [Key(i) for i in range(50)]
+    for round_ in range(3):
+        for k in keep:
+            d[k] = round_
+        assert len(d) == 50 and all(d[k] == round_ for k in keep)
+        check(d)
+        dead = keep[::2]
+        keep = keep[1::2] + [Key(1000 + j) for j in range(len(dead))]
+        del dead
+        check(d)
+    assert len(d) == 25
+
+
+def test_many_keys_growth_then_all_die(WeakDict):
+    d = WeakDict()
+    keys = [torch.randn(1) for _ in range(5000)]
+    for i, k in enumerate(keys):
+        d[k] = i
+    del k
+    assert len(d) == 5000
+    assert all(d[keys[i]] == i for i in range(0, 5000, 97))
+    check(d)
+    del keys[::2]
+    assert len(d) == 2500
+    check(d)
+    for k in keys:
+        d[k] = -1
+    del k
+    assert set(d.values()) == {-1}
+    keys.clear()
+    assert len(d) == 0
+    check(d)
+
+
+def test_dictionary_dying_before_its_keys_after_inserts(FDict):
+    keys = [Key(i) for i in range(100)]
+    d = FDict()
+    for k in keys:
+        d[k] = Key()
+    del k
+    refs = d.keyrefs()
+    del d
+    gc.collect()
+    # the keys live on and their weakrefs still answer; their deaths later change nothing
+    assert all(r() is k for r, k in zip(refs, keys))
+    del keys
+    assert all(r() is None for r in refs)
+
+
+def test_keys_dying_in_a_collected_cycle(WeakDict):
+    d = WeakDict()
+    survivors = [Key(i) for i in range(10)]
+    for k in survivors:
+        d[k] = k.tag
+    for i in range(20):
+        a, b = Key(100 + i), Key(200 + i)
+        a.other, b.other = b, a  # a cycle only the collector frees
+        d[a] = OnDel([], "a")
+        d[b] = i
+    del a, b
+    gc.collect()
+    assert sorted(k.tag for k in d) == list(range(10))
+    check(d)
+    # the dictionary keeps working after the collection
+    late = Key(999)
+    d[late] = "late"
+    assert d[late] == "late" and len(d) == 11
+    check(d)
