@@ -14,6 +14,7 @@ a new key and of `d[k] = v` / `del d[k]`, checked against torch.utils.weak where
 
 import gc
 import sys
+import weakref
 
 import pytest
 import torch
@@ -323,3 +324,39 @@ def test_keys_dying_in_a_collected_cycle(WeakDict):
     d[late] = "late"
     assert d[late] == "late" and len(d) == 11
     check(d)
+
+
+def test_cycles_through_key_weakrefs_and_their_callback_are_collected(FDict):
+    # the collector is not shown the keys' weakrefs (from the table) nor what they hold (their
+    # callback): cycles through them must still go, with the dictionary
+    class Holder:
+        pass
+
+    k = Key()
+    d = FDict()
+    v = Holder()
+    d[k] = v
+    v.refs = d.keyrefs()  # value -> the key's weakref -> its callback
+    v.callback = v.refs[0].__callback__
+    v.d = d  # value -> dictionary: a cycle only the collector frees
+    probe_d, probe_v = weakref.ref(d), weakref.ref(v)
+    del d, v
+    gc.collect()
+    assert probe_d() is None and probe_v() is None
+    # the key outlives its dictionary; its death later changes nothing
+    del k
+    gc.collect()
+
+
+def test_value_holding_the_callback_is_released_with_the_dictionary(FDict):
+    class Holder:
+        pass
+
+    k = Key()
+    d = FDict()
+    h = Holder()
+    d[k] = h
+    h.callback = d.keyrefs()[0].__callback__
+    probe = weakref.ref(h)
+    del h, d  # released by reference counts alone (the dictionary empties its table)
+    assert probe() is None

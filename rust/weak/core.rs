@@ -478,13 +478,18 @@ impl Core {
         Ok(())
     }
 
-    /// Traversal for the garbage collector: every value and weakref the table owns.
+    /// Traversal for the garbage collector: every value the table owns. The keys' weakrefs are
+    /// not visited: no cycle the collector could break runs through one (a `_WeakKeyRef` holds
+    /// only its callback, whose path back to the table goes through a Rust `Arc` the collector
+    /// cannot see; the table releases them by reference count), and each collection that finds
+    /// the dictionary in a young generation would otherwise visit one more object per entry.
+    /// Unvisited, they count as referenced from outside, i.e. reachable, which is what they
+    /// are while the table holds them.
     pub fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         self.shared
             .try_peek_in_traverse(visit, |t| {
                 for s in t.iter() {
                     visit.call(&*s.entry.value)?;
-                    visit.call(&*s.entry.wr)?;
                 }
                 Ok(())
             })
