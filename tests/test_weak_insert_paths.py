@@ -149,6 +149,16 @@ def gc_on_every_allocation():
             gc.disable()
 
 
+def drain_free_list():
+    """Take every `_WeakKeyRef` off the free list (a reused one is not a new allocation, and
+    starts no collection), by inserting as many keys; hold what is returned meanwhile."""
+    n, _ = _C._debug_weak_free_list()
+    keys = [Key() for _ in range(n)]
+    d = fweak.WeakIdKeyDictionary({k: None for k in keys})
+    assert _C._debug_weak_free_list()[0] == 0
+    return d, keys
+
+
 def run_with_a_collection_inside(make):
     """`make()` -> (insert, action): call `insert()` with `action()` run by a garbage collection
     inside it (the first one once it started), and return what `insert` returned. At threshold
@@ -159,6 +169,7 @@ def run_with_a_collection_inside(make):
     state from `make`."""
     for attempt in range(6):
         insert, action = make()
+        held = drain_free_list()  # noqa: F841  (so the insert allocates its weakref)
         armed, fired = [], []
 
         def cb(phase, info):
@@ -360,3 +371,46 @@ def test_value_holding_the_callback_is_released_with_the_dictionary(FDict):
     probe = weakref.ref(h)
     del h, d  # released by reference counts alone (the dictionary empties its table)
     assert probe() is None
+
+
+def test_weakrefs_reused_from_the_free_list_are_fresh():
+    n, cap = _C._debug_weak_free_list()
+    d = fweak.WeakIdKeyDictionary()
+    first = [Key(i) for i in range(300)]
+    for k in first:
+        d[k] = k.tag
+    del k
+    first_refs = set(map(id, d.keyrefs()))
+    del first  # their entries go, their weakrefs onto the free list
+    assert len(d) == 0
+    assert _C._debug_weak_free_list()[0] >= min(cap, 300)
+    second = [Key(1000 + i) for i in range(300)]
+    for k in second:
+        d[k] = k.tag
+    del k
+    refs = d.keyrefs()
+    assert set(map(id, refs)) & first_refs  # reused memory...
+    for r, k in zip(refs, second):  # ...as fresh weakrefs of the new keys
+        assert r() is k and r == weakref.ref(k) and hash(r) == hash(k)
+        assert r.__callback__ is refs[0].__callback__
+        assert gc.is_tracked(r)
+        assert _C._debug_weak_keyref_slot(r) is not None
+    check(d)
+    assert sorted(d.values()) == [k.tag for k in second]
+    del refs, r, k
+    second.reverse()
+    while second:
+        second.pop()
+        if len(second) % 50 == 0:
+            assert len(d) == len(second)
+            check(d)
+    assert len(d) == 0
+
+
+def test_free_list_is_bounded():
+    _, cap = _C._debug_weak_free_list()
+    keys = [Key() for _ in range(cap + 100)]
+    d = fweak.WeakIdKeyDictionary({k: 0 for k in keys})
+    del keys
+    assert len(d) == 0
+    assert _C._debug_weak_free_list()[0] == cap

@@ -277,6 +277,74 @@ unsafe extern "C" fn key_ref_traverse(
     0
 }
 
+/// Freed instances kept for reuse, as CPython keeps freed tuples, lists and dicts: at most this
+/// many (each is 88 bytes on 3.11: the collector's header, the weakref, the slot).
+pub const FREE_LIST_CAP: usize = 2048;
+
+/// The free list: memory of deallocated instances (untracked by the collector, fields cleared
+/// by the base's dealloc), pushed by `key_ref_free` and popped by `key_ref_alloc`. A reused
+/// instance skips the allocator, and, like a tuple taken from CPython's free list, does not
+/// count as a new allocation toward the collector's next young collection (nor its return as
+/// a deallocation).
+struct FreeList {
+    len: std::cell::Cell<usize>,
+    items: std::cell::UnsafeCell<[*mut c_void; FREE_LIST_CAP]>,
+}
+
+// SAFETY: only `key_ref_alloc`, `key_ref_free` and `free_list_len` touch it, and CPython calls
+// the first two (a type's `tp_alloc` and `tp_free`) with the GIL held; `free_list_len` asks for
+// a `Python` token. Free-threaded builds are refused in rust/ffi/mod.rs.
+unsafe impl Sync for FreeList {}
+
+static FREE: FreeList = FreeList {
+    len: std::cell::Cell::new(0),
+    items: std::cell::UnsafeCell::new([std::ptr::null_mut(); FREE_LIST_CAP]),
+};
+
+/// `tp_alloc`: a cleared instance from the free list, or `PyType_GenericAlloc`'s.
+unsafe extern "C" fn key_ref_alloc(
+    tp: *mut ffi::PyTypeObject,
+    nitems: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    let n = FREE.len.get();
+    if n == 0 || nitems != 0 {
+        // SAFETY: CPython's allocator for (GC) types, called as CPython would.
+        return unsafe { ffi::PyType_GenericAlloc(tp, nitems) };
+    }
+    // SAFETY: the GIL is held (tp_alloc). Every pointer on the list is the memory of an instance
+    // of this type (the only type with `key_ref_free` as tp_free; it cannot be subclassed),
+    // deallocated and untracked, with its collector header before it: clearing `tp_basicsize`
+    // bytes from the object start and `PyObject_Init` (type, the heap type's reference,
+    // refcount 1) leaves it as `PyType_GenericAlloc` would, then it is tracked as that does.
+    unsafe {
+        let obj = (*FREE.items.get())[n - 1];
+        FREE.len.set(n - 1);
+        std::ptr::write_bytes(obj.cast::<u8>(), 0, (*tp).tp_basicsize as usize);
+        let obj = ffi::PyObject_Init(obj.cast(), tp);
+        ffi::PyObject_GC_Track(obj.cast());
+        obj
+    }
+}
+
+/// `tp_free` (called by the base's dealloc after it untracked and cleared the weakref): onto
+/// the free list, or `PyObject_GC_Del` when it is full.
+unsafe extern "C" fn key_ref_free(obj: *mut c_void) {
+    let n = FREE.len.get();
+    if n < FREE_LIST_CAP {
+        // SAFETY: the GIL is held (tp_free); `n` is in bounds.
+        unsafe { (*FREE.items.get())[n] = obj };
+        FREE.len.set(n + 1);
+    } else {
+        // SAFETY: what `PyType_GenericAlloc` allocated for a GC type is freed with this.
+        unsafe { ffi::PyObject_GC_Del(obj) }
+    }
+}
+
+/// Instances waiting on the free list (for the tests).
+pub fn free_list_len(_py: Python<'_>) -> usize {
+    FREE.len.get()
+}
+
 const DOC: &std::ffi::CStr =
     c"Weak reference to a key of a ferrodyn weak dictionary (a weakref.ref carrying its entry's slot).";
 
@@ -300,6 +368,14 @@ fn create_type(py: Python<'_>) -> PyResult<KeyRefType> {
             slot: ffi::Py_tp_clear,
             // SAFETY: a plain field read of the static base type.
             pfunc: unsafe { (*base()).tp_clear }.map_or(std::ptr::null_mut(), |f| f as *mut c_void),
+        },
+        ffi::PyType_Slot {
+            slot: ffi::Py_tp_alloc,
+            pfunc: key_ref_alloc as *mut c_void,
+        },
+        ffi::PyType_Slot {
+            slot: ffi::Py_tp_free,
+            pfunc: key_ref_free as *mut c_void,
         },
         ffi::PyType_Slot {
             slot: ffi::Py_tp_doc,

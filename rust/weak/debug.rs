@@ -65,7 +65,14 @@ fn _debug_weak_direct_setitem(tp: &Bound<'_, PyType>) -> bool {
     mapslot::has_direct_ass_subscript::<PyWeakIdKeyDictionary>(tp)
 }
 
+/// (instances on `_WeakKeyRef`'s free list, its capacity).
+#[pyfunction]
+fn _debug_weak_free_list(py: Python<'_>) -> (usize, usize) {
+    (weakkey::free_list_len(py), weakkey::FREE_LIST_CAP)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_debug_weak_free_list, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_weak_direct_setitem, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_weak_keyref_layout, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_weak_keyref_slot, m)?)?;
