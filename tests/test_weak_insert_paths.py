@@ -414,3 +414,27 @@ def test_free_list_is_bounded():
     del keys
     assert len(d) == 0
     assert _C._debug_weak_free_list()[0] == cap
+
+
+def test_keys_with_and_without_weakrefs_of_their_own(WeakDict):
+    # a new key with no weakref pointing to it skips the first lookup; keys that have weakrefs
+    # (the user's, another dictionary's, their own entry's) and type objects (whose weakref
+    # lists 3.12+ keep elsewhere for builtin types) take it
+    class Local:
+        pass
+
+    other = WeakDict()
+    fresh, watched, shared = Key(1), Key(2), Key(3)
+    watcher = weakref.ref(watched)
+    other[shared] = "other"
+    d = WeakDict()
+    for key in (fresh, watched, shared, int, Local, Key):
+        d[key] = "first"
+        d[key] = "second"
+        assert d.setdefault(key, "third") == "second"
+    assert len(d) == 6 and set(d.values()) == {"second"}
+    assert other[shared] == "other" and len(other) == 1
+    del key, fresh, watched, shared, Local
+    gc.collect()
+    assert len(d) == 2 and watcher() is None and len(other) == 0
+    check(d)

@@ -3,6 +3,8 @@
 //! - `supports_weakrefs`: whether `PyWeakref_NewRef` would accept the object (its type's
 //!   `tp_weaklistoffset` is non-zero: positive on 3.11, negative for managed weakref lists on
 //!   3.12 and 3.13; `Objects/weakrefobject.c`, `_PyType_SUPPORTS_WEAKREFS`).
+//! - `has_no_weakrefs`: whether an object's weakref list is empty (so it is the key of no weak
+//!   dictionary entry), read from the list head;
 //! - `referent_ptr`: the address a weakref points to, or null once it is dead, read with the
 //!   borrowed-reference API (`PyWeakref_GetObject`: present on 3.11 to 3.14, deprecated since
 //!   3.13, removed in 3.15, where `PyWeakref_GetRef` replaces it), so no reference
@@ -17,6 +19,29 @@ pub fn supports_weakrefs(obj: &Bound<'_, PyAny>) -> bool {
     // SAFETY: `obj` is a live object (borrowed for the call) so its type object is live;
     // `tp_weaklistoffset` is a plain field of PyTypeObject (Include/cpython/object.h).
     unsafe { (*ffi::Py_TYPE(obj.as_ptr())).tp_weaklistoffset != 0 }
+}
+
+/// Whether `obj` certainly has no weak reference: its weakref list (the head pointer at
+/// `tp_weaklistoffset` from the object, `_PyObject_GET_WEAKREFS_LISTPTR` in
+/// Include/internal/pycore_object.h: a plain offset on 3.11, negative for managed lists on
+/// 3.12 and 3.13, the same arithmetic) is empty. False for objects that cannot be weakly
+/// referenced and for type objects (3.12+ keep static builtin types' lists in the interpreter
+/// state): "not certain". No reference counts, no Python code.
+#[inline]
+pub fn has_no_weakrefs(obj: &Bound<'_, PyAny>) -> bool {
+    let p = obj.as_ptr();
+    // SAFETY: `obj` is live (borrowed for the call), so its type is; `tp_weaklistoffset` is a
+    // plain field (Include/cpython/object.h). When it is non-zero and the object is not a type,
+    // the list head lies at that offset from the object (inside it, or in the pre-header of a
+    // managed list) and is NULL exactly when no weakref to the object exists.
+    unsafe {
+        let tp = ffi::Py_TYPE(p);
+        let offset = (*tp).tp_weaklistoffset;
+        if offset == 0 || ffi::PyType_Check(p) != 0 {
+            return false;
+        }
+        (*p.cast::<u8>().offset(offset).cast::<*mut ffi::PyObject>()).is_null()
+    }
 }
 
 /// The referent's address, or null when the weakref is dead. Never touches reference counts.

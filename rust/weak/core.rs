@@ -20,7 +20,7 @@ use pyo3::types::{PyDict, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use super::shared::Shared;
 use super::table::Placed;
 use crate::ffi::weakkey::{self, GilRef};
-use crate::ffi::weakref::{referent_ptr, supports_weakrefs};
+use crate::ffi::weakref::{has_no_weakrefs, referent_ptr, supports_weakrefs};
 
 /// One entry: the key's weakref (whose callback removes the entry) and the value.
 pub struct Entry {
@@ -323,8 +323,8 @@ impl Core {
     /// Returns the present value when it was kept (`value` is what is stored otherwise).
     ///
     /// Two probes of the table for a new key: one to find the key absent before its weakref is
-    /// made, one that inserts (or finds the key, when the code that making the weakref can run
-    /// inserted it meanwhile).
+    /// made (skipped for an object no weakref points to), one that inserts (or finds the key,
+    /// when the code that making the weakref can run inserted it meanwhile).
     fn insert(
         &self,
         key: &Bound<'_, PyAny>,
@@ -334,17 +334,24 @@ impl Core {
         let py = key.py();
         let k = self.lookup_key(key)?;
         // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
-        let hit = self.locked(py, |t| match t.get_mut(k) {
-            Some(e) if self.matches(py, e, key) => Some(if overwrite {
-                Err(std::mem::replace(
-                    &mut e.value,
-                    GilRef::new(value.clone().unbind()),
-                ))
-            } else {
-                Ok(e.value.clone_ref(py))
-            }),
-            _ => None,
-        })?;
+        // An object no weakref points to is no identity key of any entry (its weakref would
+        // be on its list): no probe then (a fresh object, the common new key).
+        let fresh = self.mode() == KeyMode::Id && has_no_weakrefs(key);
+        let hit = if fresh {
+            None
+        } else {
+            self.locked(py, |t| match t.get_mut(k) {
+                Some(e) if self.matches(py, e, key) => Some(if overwrite {
+                    Err(std::mem::replace(
+                        &mut e.value,
+                        GilRef::new(value.clone().unbind()),
+                    ))
+                } else {
+                    Ok(e.value.clone_ref(py))
+                }),
+                _ => None,
+            })?
+        };
         match hit {
             Some(Ok(present)) => return Ok(Some(present)),
             Some(Err(_old)) => return Ok(None),
