@@ -482,6 +482,40 @@ mod tests {
     }
 
     #[test]
+    fn insert_or_present_inserts_finds_or_replaces_a_dead_keys_slot() {
+        let mut t: Table<u32> = Table::default();
+        // vacant: inserted, a size change
+        assert!(t.insert_or_present(1, 11, 1, |_| unreachable!()).is_ok());
+        assert_eq!((t.get(1), t.size_changes()), (Some(&1), 1));
+        // present: the new entry comes back with the present one, nothing changes
+        match t.insert_or_present(1, 12, 2, |&e| e == 1) {
+            Err((unused, present)) => {
+                assert_eq!(unused, 2);
+                *present = 5;
+            }
+            Ok(()) => panic!("the key is present"),
+        }
+        assert_eq!((t.get(1), t.len(), t.size_changes()), (Some(&5), 1, 1));
+        // a live slot the caller rejects (its key died, the address came back): removed as a
+        // death, the new entry inserted after it
+        assert!(t.insert_or_present(1, 13, 3, |_| false).is_ok());
+        assert_eq!(
+            (t.get(1), t.len(), t.trash.as_slice()),
+            (Some(&3), 1, &[5][..])
+        );
+        assert!(
+            !t.remove_dead(0, 11),
+            "the old weakref's slot is a tombstone"
+        );
+        // a stale index entry (the key's entry died): overwritten in place
+        assert!(t.remove_dead(1, 13));
+        assert_eq!(t.index_len(), 1);
+        assert!(t.insert_or_present(1, 14, 4, |_| unreachable!()).is_ok());
+        assert_eq!((t.get(1), t.len(), t.index_len()), (Some(&4), 1, 1));
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
     fn remove_dead_is_not_a_size_change() {
         let mut t = Table::default();
         t.insert_new(1, 100, ());
@@ -617,14 +651,15 @@ mod tests {
                         let slot = Rc::new(Cell::new(usize::MAX));
                         refid += 1; // every insertion makes a new weakref
                         refids.insert(k, refid);
-                        t.insert_new(
-                            k,
-                            refid,
-                            At {
-                                v: step,
-                                slot: slot.clone(),
-                            },
-                        );
+                        let e = At {
+                            v: step,
+                            slot: slot.clone(),
+                        };
+                        if step % 2 == 0 {
+                            t.insert_new(k, refid, e);
+                        } else {
+                            assert!(t.insert_or_present(k, refid, e, |_| true).is_ok());
+                        }
                         model.push((k, step, slot));
                     }
                 }
