@@ -190,6 +190,14 @@ def run_with_a_collection_inside(make):
     pytest.fail("no garbage collection ran inside the insert")
 
 
+# On 3.11 a collection runs at the allocation that starts it: inside the insert, at its
+# weakref (ferrodyn) or its bound `_remove` (torch), before the key is stored. From 3.12 it runs
+# at the interpreter's next check for pending work, which may fall before or after the insert
+# (never inside ferrodyn's, which runs no bytecode): the tests then check the outcome of
+# whichever order they observed.
+COLLECTS_AT_ALLOCATION = sys.version_info < (3, 12)
+
+
 def test_key_inserted_while_its_weakref_is_made_is_overwritten(WeakDict, gc_on_every_allocation):
     state = {}
 
@@ -201,13 +209,16 @@ def test_key_inserted_while_its_weakref_is_made_is_overwritten(WeakDict, gc_on_e
             d[k] = "outer"
 
         def action():
+            state["stored_first"] = k in d
             d[k] = "from gc"
 
         return insert, action
 
     run_with_a_collection_inside(make)
     d, k = state["d"], state.pop("k")
-    assert len(d) == 1 and d[k] == "outer"
+    if COLLECTS_AT_ALLOCATION:
+        assert not state["stored_first"]
+    assert len(d) == 1 and d[k] == ("from gc" if state["stored_first"] else "outer")
     check(d)
     del k
     assert len(d) == 0
@@ -223,13 +234,17 @@ def test_setdefault_keeps_a_value_inserted_while_its_weakref_is_made(WeakDict,
         state.update(d=d, k=k)
 
         def action():
+            state["stored_first"] = k in d
             d[k] = "from gc"
 
         return (lambda: d.setdefault(k, "outer")), action
 
     got = run_with_a_collection_inside(make)
     d, k = state["d"], state["k"]
-    assert got == "from gc" and d[k] == "from gc" and len(d) == 1
+    if COLLECTS_AT_ALLOCATION:
+        assert not state["stored_first"]
+    assert got == ("outer" if state["stored_first"] else "from gc")
+    assert d[k] == "from gc" and len(d) == 1
     check(d)
 
 
