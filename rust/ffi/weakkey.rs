@@ -539,12 +539,9 @@ unsafe fn slot_of_raw(obj: *mut ffi::PyObject) -> Option<usize> {
 /// `obj` is a live weakref.
 #[inline]
 unsafe fn is_dead(obj: *mut ffi::PyObject) -> bool {
-    // SAFETY: `obj` is a live weakref (the caller's contract); `PyWeakref_GetObject` returns a
-    // borrowed reference, Py_None once the referent is gone, and runs no Python code.
-    #[allow(deprecated)]
-    unsafe {
-        ffi::PyWeakref_GetObject(obj) == ffi::Py_None()
-    }
+    // SAFETY: `obj` is a live weakref (the caller's contract); its referent field holds
+    // Py_None once the referent is gone.
+    unsafe { super::weakref::wr_object(obj) == ffi::Py_None() }
 }
 
 /// For the layout tests: (base basicsize, slot offset, our basicsize).
