@@ -8,6 +8,8 @@ a new key and of `d[k] = v` / `del d[k]`, checked against torch.utils.weak where
 - A new key's insert looks the key up, makes its weakref with the table unlocked (which can run
   the garbage collector, hence any code), then inserts with one more probe: code run meanwhile
   that inserts the same key must be seen (`d[k] = v` overwrites it, `setdefault` keeps it).
+- A key's weakref may come from `_WeakKeyRef`'s free list (instances of dead keys' weakrefs):
+  it must be a fresh weakref of the new key; the list is bounded.
 - Keys dying right after their insert, re-inserted after death, dictionaries dying before their
   keys, many keys (table growth), all with the table's invariants checked.
 """

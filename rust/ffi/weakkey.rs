@@ -15,6 +15,8 @@
 //!   `__init__` round; the slot starts as `NO_SLOT`;
 //! - `set_slot` / `slot_of`: write / read the field (no Python code, no reference counts: both
 //!   are allowed while a dictionary's table is locked);
+//! - a free list of up to `FREE_LIST_CAP` deallocated instances (`tp_alloc`/`tp_free`), reused
+//!   by the next `new_key_ref`s as CPython reuses freed tuples;
 //! - the type: `tp_dealloc` is the base's plus the heap-type reference every instance holds,
 //!   `tp_traverse` visits nothing (see `key_ref_traverse`), `tp_clear` is the base's;
 //!   instances cannot be created from Python (`Py_TPFLAGS_DISALLOW_INSTANTIATION`), nor

@@ -8,7 +8,8 @@
 //! table through `Placed`) whose callback is a builtin `METH_O` function bound to the
 //! dictionary's `PyWeakRemover` (CPython calls it with no argument tuple, and no pyo3 method
 //! trampoline runs); a death reads the slot from the weakref and removes the entry there, no
-//! hash probe (`on_key_death`).
+//! hash probe (`on_key_death`). `d[k] = v` and `del d[k]` reach `set`/`delete` through a direct
+//! `mp_ass_subscript` slot (rust/ffi/mapslot.rs), so neither clones nor drops a `Py`.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
