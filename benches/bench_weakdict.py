@@ -161,6 +161,14 @@ def run(rounds: int = 30) -> list[dict]:
                 d[k] = v
         return f
 
+    def insert_new_plain(cls):
+        d = cls()
+
+        def f():
+            for o in objs:
+                d[o] = v
+        return f
+
     def delete(cls):
         d = cls({k: v for k in keys})
 
@@ -183,7 +191,9 @@ def run(rounds: int = 30) -> list[dict]:
     rows.extend(_big_table_rows(impls, rounds=max(6, rounds // 3)))
 
     gc.collect()
-    for name, setup in [("set (new key, into an empty dict)", insert_new), ("delete", delete),
+    for name, setup in [("set (new key, into an empty dict)", insert_new),
+                        ("set (new key, plain-object keys, into an empty dict)", insert_new_plain),
+                        ("delete", delete),
                         (f"keys dying ({N} tensor keys dropped, until empty)", keys_dying)]:
         res = _interleaved_with_setup({impl: (lambda s=setup, c=cls: s(c)) for impl, cls in impls.items()},
                                       rounds=rounds)

@@ -17,6 +17,7 @@ pub mod frame312;
 #[cfg(all(Py_3_13, not(Py_3_14)))]
 pub mod frame313;
 pub mod guard_reads;
+pub mod mapslot;
 pub mod object;
 pub mod slots;
 pub mod storage;

@@ -15,9 +15,12 @@
 //!   `__init__` round; the slot starts as `NO_SLOT`;
 //! - `set_slot` / `slot_of`: write / read the field (no Python code, no reference counts: both
 //!   are allowed while a dictionary's table is locked);
+//! - a free list of up to `FREE_LIST_CAP` deallocated instances (`tp_alloc`/`tp_free`), reused
+//!   by the next `new_key_ref`s as CPython reuses freed tuples;
 //! - the type: `tp_dealloc` is the base's plus the heap-type reference every instance holds,
-//!   `tp_traverse` visits that type then the base's fields, `tp_clear` is the base's; instances cannot be created from
-//!   Python (`Py_TPFLAGS_DISALLOW_INSTANTIATION`), nor subclassed.
+//!   `tp_traverse` visits nothing (see `key_ref_traverse`), `tp_clear` is the base's;
+//!   instances cannot be created from Python (`Py_TPFLAGS_DISALLOW_INSTANTIATION`), nor
+//!   subclassed.
 //!
 //! - `key_died_callback(remover)`: the callback the dictionary gives its weakrefs, a builtin
 //!   function (`METH_O`, called by CPython with no argument tuple and without pyo3's method
@@ -261,23 +264,87 @@ unsafe extern "C" fn key_ref_dealloc(obj: *mut ffi::PyObject) {
     }
 }
 
+/// Visits nothing. What an instance references is its heap type (kept alive for the process by
+/// `KEY_REF`, never collectable) and its callback (the dictionary's builtin function, referenced
+/// by the dictionary too, and bound to a remover that reaches the table only through a Rust
+/// `Arc` the collector cannot see): no cycle the collector could break runs through either, so
+/// not reporting them only keeps them reachable, which they are. Every collection that finds
+/// the weakrefs of fresh keys in its generation (most of them, right after inserts) then
+/// skips two visits and the base's traverse call per weakref.
 unsafe extern "C" fn key_ref_traverse(
-    obj: *mut ffi::PyObject,
-    visit: ffi::visitproc,
-    arg: *mut c_void,
+    _obj: *mut ffi::PyObject,
+    _visit: ffi::visitproc,
+    _arg: *mut c_void,
 ) -> c_int {
-    // SAFETY: called by the collector on a live instance; heap-type instances visit their type,
-    // then the base's fields (the callback) are visited by the base's traverse.
-    unsafe {
-        let r = visit(ffi::Py_TYPE(obj).cast(), arg);
-        if r != 0 {
-            return r;
-        }
-        match (*base()).tp_traverse {
-            Some(t) => t(obj, visit, arg),
-            None => 0,
-        }
+    0
+}
+
+/// Freed instances kept for reuse, as CPython keeps freed tuples, lists and dicts: at most this
+/// many (each is 88 bytes on 3.11: the collector's header, the weakref, the slot).
+pub const FREE_LIST_CAP: usize = 2048;
+
+/// The free list: memory of deallocated instances (untracked by the collector, fields cleared
+/// by the base's dealloc), pushed by `key_ref_free` and popped by `key_ref_alloc`. A reused
+/// instance skips the allocator, and, like a tuple taken from CPython's free list, does not
+/// count as a new allocation toward the collector's next young collection (nor its return as
+/// a deallocation).
+struct FreeList {
+    len: std::cell::Cell<usize>,
+    items: std::cell::UnsafeCell<[*mut c_void; FREE_LIST_CAP]>,
+}
+
+// SAFETY: only `key_ref_alloc`, `key_ref_free` and `free_list_len` touch it, and CPython calls
+// the first two (a type's `tp_alloc` and `tp_free`) with the GIL held; `free_list_len` asks for
+// a `Python` token. Free-threaded builds are refused in rust/ffi/mod.rs.
+unsafe impl Sync for FreeList {}
+
+static FREE: FreeList = FreeList {
+    len: std::cell::Cell::new(0),
+    items: std::cell::UnsafeCell::new([std::ptr::null_mut(); FREE_LIST_CAP]),
+};
+
+/// `tp_alloc`: a cleared instance from the free list, or `PyType_GenericAlloc`'s.
+unsafe extern "C" fn key_ref_alloc(
+    tp: *mut ffi::PyTypeObject,
+    nitems: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    let n = FREE.len.get();
+    if n == 0 || nitems != 0 {
+        // SAFETY: CPython's allocator for (GC) types, called as CPython would.
+        return unsafe { ffi::PyType_GenericAlloc(tp, nitems) };
     }
+    // SAFETY: the GIL is held (tp_alloc). Every pointer on the list is the memory of an instance
+    // of this type (the only type with `key_ref_free` as tp_free; it cannot be subclassed),
+    // deallocated and untracked, with its collector header before it: clearing `tp_basicsize`
+    // bytes from the object start and `PyObject_Init` (type, the heap type's reference,
+    // refcount 1) leaves it as `PyType_GenericAlloc` would, then it is tracked as that does.
+    unsafe {
+        let obj = (*FREE.items.get())[n - 1];
+        FREE.len.set(n - 1);
+        std::ptr::write_bytes(obj.cast::<u8>(), 0, (*tp).tp_basicsize as usize);
+        let obj = ffi::PyObject_Init(obj.cast(), tp);
+        ffi::PyObject_GC_Track(obj.cast());
+        obj
+    }
+}
+
+/// `tp_free` (called by the base's dealloc after it untracked and cleared the weakref): onto
+/// the free list, or `PyObject_GC_Del` when it is full.
+unsafe extern "C" fn key_ref_free(obj: *mut c_void) {
+    let n = FREE.len.get();
+    if n < FREE_LIST_CAP {
+        // SAFETY: the GIL is held (tp_free); `n` is in bounds.
+        unsafe { (*FREE.items.get())[n] = obj };
+        FREE.len.set(n + 1);
+    } else {
+        // SAFETY: what `PyType_GenericAlloc` allocated for a GC type is freed with this.
+        unsafe { ffi::PyObject_GC_Del(obj) }
+    }
+}
+
+/// Instances waiting on the free list (for the tests).
+pub fn free_list_len(_py: Python<'_>) -> usize {
+    FREE.len.get()
 }
 
 const DOC: &std::ffi::CStr =
@@ -303,6 +370,14 @@ fn create_type(py: Python<'_>) -> PyResult<KeyRefType> {
             slot: ffi::Py_tp_clear,
             // SAFETY: a plain field read of the static base type.
             pfunc: unsafe { (*base()).tp_clear }.map_or(std::ptr::null_mut(), |f| f as *mut c_void),
+        },
+        ffi::PyType_Slot {
+            slot: ffi::Py_tp_alloc,
+            pfunc: key_ref_alloc as *mut c_void,
+        },
+        ffi::PyType_Slot {
+            slot: ffi::Py_tp_free,
+            pfunc: key_ref_free as *mut c_void,
         },
         ffi::PyType_Slot {
             slot: ffi::Py_tp_doc,
@@ -371,7 +446,10 @@ pub fn new_key_ref<'py>(
         // The argument tuple is reused from call to call (as `zip` reuses its result tuple):
         // taken out of `ARGS` (so a nested call, from code the allocation runs, makes its own),
         // filled, emptied after the call, and put back if nothing else kept a reference to it.
-        let mut args = ARGS.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        // (a load and a store, not `swap`: the GIL orders every access, and `swap` would be
+        // a locked instruction on each call)
+        let mut args = ARGS.load(Ordering::Relaxed);
+        ARGS.store(std::ptr::null_mut(), Ordering::Relaxed);
         if args.is_null() {
             args = ffi::PyTuple_New(2);
             if args.is_null() {
@@ -390,7 +468,8 @@ pub fn new_key_ref<'py>(
                 ffi::PyTuple_SET_ITEM(args, i, std::ptr::null_mut());
                 ffi::Py_DECREF(item);
             }
-            let previous = ARGS.swap(args, Ordering::Relaxed);
+            let previous = ARGS.load(Ordering::Relaxed);
+            ARGS.store(args, Ordering::Relaxed);
             if !previous.is_null() {
                 ffi::Py_DECREF(previous);
             }
@@ -462,12 +541,9 @@ unsafe fn slot_of_raw(obj: *mut ffi::PyObject) -> Option<usize> {
 /// `obj` is a live weakref.
 #[inline]
 unsafe fn is_dead(obj: *mut ffi::PyObject) -> bool {
-    // SAFETY: `obj` is a live weakref (the caller's contract); `PyWeakref_GetObject` returns a
-    // borrowed reference, Py_None once the referent is gone, and runs no Python code.
-    #[allow(deprecated)]
-    unsafe {
-        ffi::PyWeakref_GetObject(obj) == ffi::Py_None()
-    }
+    // SAFETY: `obj` is a live weakref (the caller's contract); its referent field holds
+    // Py_None once the referent is gone.
+    unsafe { super::weakref::wr_object(obj) == ffi::Py_None() }
 }
 
 /// For the layout tests: (base basicsize, slot offset, our basicsize).

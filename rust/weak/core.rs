@@ -8,7 +8,8 @@
 //! table through `Placed`) whose callback is a builtin `METH_O` function bound to the
 //! dictionary's `PyWeakRemover` (CPython calls it with no argument tuple, and no pyo3 method
 //! trampoline runs); a death reads the slot from the weakref and removes the entry there, no
-//! hash probe (`on_key_death`).
+//! hash probe (`on_key_death`). `d[k] = v` and `del d[k]` reach `set`/`delete` through a direct
+//! `mp_ass_subscript` slot (rust/ffi/mapslot.rs), so neither clones nor drops a `Py`.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ use pyo3::types::{PyDict, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use super::shared::Shared;
 use super::table::Placed;
 use crate::ffi::weakkey::{self, GilRef};
-use crate::ffi::weakref::{referent_ptr, supports_weakrefs};
+use crate::ffi::weakref::{has_no_weakrefs, referent_ptr, supports_weakrefs};
 
 /// One entry: the key's weakref (whose callback removes the entry) and the value.
 pub struct Entry {
@@ -302,30 +303,60 @@ impl Core {
         self.locked(py, |t| t.get(k).is_some_and(|e| self.matches(py, e, key)))
     }
 
-    /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`);
-    /// returns the value stored afterwards.
-    pub fn insert(
+    /// `d[key] = value`.
+    #[inline]
+    pub fn set(&self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.insert(key, value, true).map(drop)
+    }
+
+    /// `d.setdefault(key, default)`: the value stored under `key` afterwards.
+    pub fn setdefault(
+        &self,
+        key: &Bound<'_, PyAny>,
+        default: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        Ok(self
+            .insert(key, default, false)?
+            .unwrap_or_else(|| default.clone().unbind()))
+    }
+
+    /// Store `value` under `key` (`overwrite`) or keep the present value (`setdefault`).
+    /// Returns the present value when it was kept (`value` is what is stored otherwise).
+    ///
+    /// Two probes of the table for a new key: one to find the key absent before its weakref is
+    /// made (skipped for an object no weakref points to), one that inserts (or finds the key,
+    /// when the code that making the weakref can run inserted it meanwhile).
+    fn insert(
         &self,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         overwrite: bool,
-    ) -> PyResult<Py<PyAny>> {
+    ) -> PyResult<Option<Py<PyAny>>> {
         let py = key.py();
         let k = self.lookup_key(key)?;
         // 1. the key is present: replace (or keep) the value; the old one is dropped unlocked.
-        let hit = self.locked(py, |t| match t.get_mut(k) {
-            Some(e) if self.matches(py, e, key) => Some(if overwrite {
-                (
-                    std::mem::replace(&mut e.value, GilRef::new(value.clone().unbind())),
-                    value.clone().unbind(),
-                )
-            } else {
-                (GilRef::new(value.clone().unbind()), e.value.clone_ref(py))
-            }),
-            _ => None,
-        })?;
-        if let Some((_old, now)) = hit {
-            return Ok(now);
+        // An object no weakref points to is no identity key of any entry (its weakref would
+        // be on its list): no probe then (a fresh object, the common new key).
+        let fresh = self.mode() == KeyMode::Id && has_no_weakrefs(key);
+        let hit = if fresh {
+            None
+        } else {
+            self.locked(py, |t| match t.get_mut(k) {
+                Some(e) if self.matches(py, e, key) => Some(if overwrite {
+                    Err(std::mem::replace(
+                        &mut e.value,
+                        GilRef::new(value.clone().unbind()),
+                    ))
+                } else {
+                    Ok(e.value.clone_ref(py))
+                }),
+                _ => None,
+            })?
+        };
+        match hit {
+            Some(Ok(present)) => return Ok(Some(present)),
+            Some(Err(_old)) => return Ok(None),
+            None => {}
         }
         // 2. absent: make the weakref unlocked (it can run the garbage collector, hence any code).
         let wr = weakkey::new_key_ref(key, self.callback.bind(py))?;
@@ -334,27 +365,33 @@ impl Core {
             wr: GilRef::new(wr.unbind()),
             value: GilRef::new(value.clone().unbind()),
         };
-        // 3. insert, unless that code inserted the key meanwhile.
-        let (now, _unused) = self.locked(py, |t| match t.get_mut(k) {
-            Some(e) if self.matches(py, e, key) => {
-                if overwrite {
-                    let old =
-                        std::mem::replace(&mut e.value, GilRef::new(entry.value.clone_ref(py)));
-                    (entry.value.clone_ref(py), Some((entry, Some(old))))
-                } else {
-                    (e.value.clone_ref(py), Some((entry, None)))
+        // 3. insert, unless that code inserted the key meanwhile; what is not kept (the new
+        // entry, or the value it replaced) is dropped unlocked.
+        let (present, _unused) = self.locked(py, |t| {
+            match t.insert_or_present(k, refid, entry, |e| self.matches(py, e, key)) {
+                Ok(()) => (None, None),
+                Err((mut unused, e)) if overwrite => {
+                    std::mem::swap(&mut e.value, &mut unused.value);
+                    (None, Some(unused))
                 }
-            }
-            stale => {
-                if stale.is_some() {
-                    t.remove(k, false);
-                }
-                let now = entry.value.clone_ref(py);
-                t.insert_new(k, refid, entry);
-                (now, None)
+                Err((unused, e)) => (Some(e.value.clone_ref(py)), Some(unused)),
             }
         })?;
-        Ok(now)
+        Ok(present)
+    }
+
+    /// `del d[key]`: false when absent (after torch's TypeError check). Clones nothing (the
+    /// direct `mp_ass_subscript` slot may drop no `Py`).
+    pub fn delete(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = key.py();
+        let k = self.lookup_key(key)?;
+        let found = self.locked(py, |t| {
+            t.get(k).is_some_and(|e| self.matches(py, e, key)) && t.remove(k, true).is_some()
+        })?;
+        if !found {
+            self.check_miss(key)?;
+        }
+        Ok(found)
     }
 
     /// Remove `key` explicitly; `None` when absent (after torch's TypeError check).
@@ -444,18 +481,23 @@ impl Core {
         };
         for item in source.call_method0(intern!(py, "items"))?.try_iter()? {
             let (k, v) = unpack2(&item?)?;
-            self.insert(&k, &v, true)?;
+            self.set(&k, &v)?;
         }
         Ok(())
     }
 
-    /// Traversal for the garbage collector: every value and weakref the table owns.
+    /// Traversal for the garbage collector: every value the table owns. The keys' weakrefs are
+    /// not visited: no cycle the collector could break runs through one (a `_WeakKeyRef` holds
+    /// only its callback, whose path back to the table goes through a Rust `Arc` the collector
+    /// cannot see; the table releases them by reference count), and each collection that finds
+    /// the dictionary in a young generation would otherwise visit one more object per entry.
+    /// Unvisited, they count as referenced from outside, i.e. reachable, which is what they
+    /// are while the table holds them.
     pub fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         self.shared
             .try_peek_in_traverse(visit, |t| {
                 for s in t.iter() {
                     visit.call(&*s.entry.value)?;
-                    visit.call(&*s.entry.wr)?;
                 }
                 Ok(())
             })

@@ -2,10 +2,10 @@
 //! with `_debug_`; not part of the `_C.pyi` contract).
 use pyo3::exceptions::PyAssertionError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyType};
 
 use super::dict::PyWeakIdKeyDictionary;
-use crate::ffi::weakkey;
+use crate::ffi::{mapslot, weakkey};
 
 /// (weakref.ref's basicsize, the slot field's offset, `_WeakKeyRef`'s basicsize).
 #[pyfunction]
@@ -59,7 +59,21 @@ fn _debug_weak_check(d: &Bound<'_, PyWeakIdKeyDictionary>) -> PyResult<()> {
     r.map_err(PyAssertionError::new_err)
 }
 
+/// Whether `tp`'s `d[k] = v` / `del d[k]` slot is the direct one (rust/ffi/mapslot.rs).
+#[pyfunction]
+fn _debug_weak_direct_setitem(tp: &Bound<'_, PyType>) -> bool {
+    mapslot::has_direct_ass_subscript::<PyWeakIdKeyDictionary>(tp)
+}
+
+/// (instances on `_WeakKeyRef`'s free list, its capacity).
+#[pyfunction]
+fn _debug_weak_free_list(py: Python<'_>) -> (usize, usize) {
+    (weakkey::free_list_len(py), weakkey::FREE_LIST_CAP)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_debug_weak_free_list, m)?)?;
+    m.add_function(wrap_pyfunction!(_debug_weak_direct_setitem, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_weak_keyref_layout, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_weak_keyref_slot, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_weak_table, m)?)?;

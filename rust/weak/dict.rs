@@ -13,8 +13,10 @@ use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping, PyTuple, PyType, PyWeakrefMethods};
+use pyo3::Borrowed;
 
 use super::core::{fix_weakref, Core, KeyMode, Owner};
+use crate::ffi::mapslot::AssSubscript;
 
 /// `ref_type` -> key mode: torch's `WeakIdRef` (or None) compares by identity, `_WeakHashRef` by
 /// `hash()`. torch.utils.weak is imported only when a ref_type is given (torch is then loaded).
@@ -121,6 +123,34 @@ impl PyWeakIdKeyDictionary {
     }
 }
 
+impl PyWeakIdKeyDictionary {
+    fn delitem(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.core.delete(key)? {
+            Ok(())
+        } else {
+            Err(PyKeyError::new_err(key.clone().unbind()))
+        }
+    }
+}
+
+/// `d[k] = v` and `del d[k]` on the two native classes, called by CPython without pyo3's
+/// trampoline (rust/ffi/mapslot.rs; Python subclasses run `__setitem__`/`__delitem__` above,
+/// which do the same). Drops no `Py`: `Core::set` and `Core::delete` clone no value.
+impl AssSubscript for PyWeakIdKeyDictionary {
+    #[inline]
+    fn ass_subscript(
+        slf: Borrowed<'_, '_, Self>,
+        key: Borrowed<'_, '_, PyAny>,
+        value: Option<Borrowed<'_, '_, PyAny>>,
+    ) -> PyResult<()> {
+        let this = slf.get();
+        match value {
+            Some(v) => this.core.set(&key, &v),
+            None => this.delitem(&key),
+        }
+    }
+}
+
 /// The core of a dictionary created by `empty_like` or `type(self)()`.
 fn core_of<'a>(obj: &'a Bound<'_, PyAny>) -> Option<&'a Core> {
     obj.cast::<PyWeakIdKeyDictionary>()
@@ -175,14 +205,11 @@ impl PyWeakIdKeyDictionary {
     }
 
     fn __setitem__(&self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.core.insert(key, value, true).map(drop)
+        self.core.set(key, value)
     }
 
     fn __delitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        match self.core.remove(key)? {
-            Some(_) => Ok(()),
-            None => Err(PyKeyError::new_err(key.clone().unbind())),
-        }
+        self.delitem(key)
     }
 
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -228,7 +255,7 @@ impl PyWeakIdKeyDictionary {
         default: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let none = py.None().into_bound(py);
-        self.core.insert(key, default.unwrap_or(&none), false)
+        self.core.setdefault(key, default.unwrap_or(&none))
     }
 
     #[pyo3(signature = (dict=None, **kwargs))]
@@ -276,7 +303,7 @@ impl PyWeakIdKeyDictionary {
         let new = Self::empty_like(slf)?;
         let core = core_of(&new).expect("empty_like makes one of ours");
         for (k, v) in slf.get().core.snapshot(py)? {
-            core.insert(&k, v.bind(py), true)?;
+            core.set(&k, v.bind(py))?;
         }
         Ok(new)
     }

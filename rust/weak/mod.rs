@@ -20,6 +20,8 @@ pub mod table;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dict::PyWeakIdKeyDictionary>()?;
+    // before the subclass below is created: it copies the slot (rust/ffi/mapslot.rs)
+    crate::ffi::mapslot::install_ass_subscript::<dict::PyWeakIdKeyDictionary>(m.py())?;
     m.add("WeakTensorKeyDictionary", m.getattr("WeakIdKeyDictionary")?)?;
     m.add_class::<dict::PyWeakKeyExactDictionary>()?;
     m.add_class::<dict::PyWeakDictIterator>()?;

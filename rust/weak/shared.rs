@@ -85,16 +85,18 @@ impl<E> Trash<E> {
 
 /// Drop removed entries (after the lock is released), iteratively rather than recursively when
 /// dropping one entry removes others.
+#[inline]
 pub fn drop_unlocked<E: Placed + 'static>(trash: Trash<E>) {
     match trash {
-        Trash::Empty => return,
+        Trash::Empty => {}
         // nothing can cascade from this drop: no thread-local bookkeeping
-        Trash::One(e) if e.quiet_drop() => {
-            drop(e);
-            return;
-        }
-        _ => {}
+        Trash::One(e) if e.quiet_drop() => drop(e),
+        trash => drop_cascading(trash),
     }
+}
+
+#[inline(never)]
+fn drop_cascading<E: Placed + 'static>(trash: Trash<E>) {
     if DROPPING.with(|d| d.get()) {
         DEFERRED.with(|q| q.borrow_mut().push(Box::new(trash)));
         return;

@@ -173,6 +173,51 @@ impl<E: Placed> Table<E> {
         self.size_changes += 1;
     }
 
+    /// Insert `entry` under `key` with a single probe of the index, unless a live slot holds
+    /// `key` and `is_present` accepts its entry: then `entry` is handed back with the present
+    /// one. A live slot holding `key` that `is_present` rejects (its key died and a new object
+    /// took the address before the death was processed) is removed first, as a death would.
+    /// Counts as a size change when it inserts.
+    pub fn insert_or_present(
+        &mut self,
+        key: u64,
+        refid: usize,
+        entry: E,
+        is_present: impl FnOnce(&E) -> bool,
+    ) -> Result<(), (E, &mut E)> {
+        let new_i = self.slots.len();
+        match self.index.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let i = *o.get();
+                let held = match self.slots.get(i) {
+                    Some(Some(s)) if s.key == key => Some(is_present(&s.entry)),
+                    _ => None, // a stale index entry
+                };
+                match held {
+                    Some(true) => {
+                        let s = self.slots[i].as_mut().expect("checked live above");
+                        return Err((entry, &mut s.entry));
+                    }
+                    Some(false) => {
+                        let old = self.slots[i].take().expect("checked live above");
+                        self.live -= 1;
+                        self.trash.push(old.entry);
+                    }
+                    None => {}
+                }
+                *o.get_mut() = new_i;
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(new_i);
+            }
+        }
+        entry.place(new_i);
+        self.slots.push(Some(Slot { key, refid, entry }));
+        self.live += 1;
+        self.size_changes += 1;
+        Ok(())
+    }
+
     fn take_slot(&mut self, i: usize) -> Option<&E> {
         let slot = self.slots[i].take()?;
         self.index.remove(&slot.key);
@@ -260,8 +305,21 @@ impl<E: Placed> Table<E> {
     /// trailing ones always, the rest at `COMPACT_RATIO`. The index is rebuilt
     /// (without stale entries) whenever slots move; otherwise its stale entries are dropped in
     /// place at the same ratio of stale to live entries (slots stay put for that, so it is done
-    /// even while iterators exist).
+    /// even while iterators exist). Runs at the end of every locked section: the checks are
+    /// inline, the work is not.
+    #[inline]
     pub fn maybe_compact(&mut self, allowed: bool) {
+        let n = self.slots.len();
+        let tombstones = allowed
+            && (matches!(self.slots.last(), Some(None))
+                || (n >= COMPACT_MIN_SLOTS && self.live * COMPACT_RATIO <= n));
+        if tombstones || self.index.len() > COMPACT_RATIO * self.live + COMPACT_MIN_SLOTS {
+            self.compact(allowed);
+        }
+    }
+
+    #[inline(never)]
+    fn compact(&mut self, allowed: bool) {
         if allowed {
             while matches!(self.slots.last(), Some(None)) {
                 self.slots.pop();
@@ -424,6 +482,40 @@ mod tests {
     }
 
     #[test]
+    fn insert_or_present_inserts_finds_or_replaces_a_dead_keys_slot() {
+        let mut t: Table<u32> = Table::default();
+        // vacant: inserted, a size change
+        assert!(t.insert_or_present(1, 11, 1, |_| unreachable!()).is_ok());
+        assert_eq!((t.get(1), t.size_changes()), (Some(&1), 1));
+        // present: the new entry comes back with the present one, nothing changes
+        match t.insert_or_present(1, 12, 2, |&e| e == 1) {
+            Err((unused, present)) => {
+                assert_eq!(unused, 2);
+                *present = 5;
+            }
+            Ok(()) => panic!("the key is present"),
+        }
+        assert_eq!((t.get(1), t.len(), t.size_changes()), (Some(&5), 1, 1));
+        // a live slot the caller rejects (its key died, the address came back): removed as a
+        // death, the new entry inserted after it
+        assert!(t.insert_or_present(1, 13, 3, |_| false).is_ok());
+        assert_eq!(
+            (t.get(1), t.len(), t.trash.as_slice()),
+            (Some(&3), 1, &[5][..])
+        );
+        assert!(
+            !t.remove_dead(0, 11),
+            "the old weakref's slot is a tombstone"
+        );
+        // a stale index entry (the key's entry died): overwritten in place
+        assert!(t.remove_dead(1, 13));
+        assert_eq!(t.index_len(), 1);
+        assert!(t.insert_or_present(1, 14, 4, |_| unreachable!()).is_ok());
+        assert_eq!((t.get(1), t.len(), t.index_len()), (Some(&4), 1, 1));
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
     fn remove_dead_is_not_a_size_change() {
         let mut t = Table::default();
         t.insert_new(1, 100, ());
@@ -559,14 +651,15 @@ mod tests {
                         let slot = Rc::new(Cell::new(usize::MAX));
                         refid += 1; // every insertion makes a new weakref
                         refids.insert(k, refid);
-                        t.insert_new(
-                            k,
-                            refid,
-                            At {
-                                v: step,
-                                slot: slot.clone(),
-                            },
-                        );
+                        let e = At {
+                            v: step,
+                            slot: slot.clone(),
+                        };
+                        if step % 2 == 0 {
+                            t.insert_new(k, refid, e);
+                        } else {
+                            assert!(t.insert_or_present(k, refid, e, |_| true).is_ok());
+                        }
                         model.push((k, step, slot));
                     }
                 }
