@@ -256,6 +256,9 @@ class GuardBuilder:
         """`len(node) == n`."""
     def dict_keys(self, node: GuardNode, keys: Sequence[Any]) -> None:
         """`list(node.keys()) == keys` (exact dict; order matters)."""
+    def dict_lacks(self, node: GuardNode, key: Any) -> None:
+        """`key not in node` (exact dict: an instance `__dict__` that must not shadow a class
+        attribute)."""
     def tensor_match(
         self,
         node: GuardNode,

@@ -24,6 +24,7 @@ class GuardKind(enum.Enum):
     EQUALS = "equals"             # payload: constant (None/bool/int/float/str/bytes/tuples)
     LENGTH = "length_is"          # payload: int
     DICT_KEYS = "dict_keys"       # payload: tuple of keys, in order
+    DICT_LACKS = "dict_lacks"     # payload: a key the dict must not hold (an attribute name)
     TENSOR_MATCH = "tensor_match" # payload: the example tensor; options: dynamic_dims
     GLOBAL_STATE = "global_state" # source: None, payload: None
     ALIASING = "aliasing"         # source: None, payload: (sources, identity groups,
@@ -45,7 +46,8 @@ class GuardSpec:
              dynamic_dims: tuple[int, ...] = ()) -> "GuardSpec":
         if kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH):
             key = id(payload)
-        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.ALIASING,
+        elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.DICT_LACKS,
+                      GuardKind.ALIASING,
                       GuardKind.SHAPE):
             key = (type(payload), payload)
         else:

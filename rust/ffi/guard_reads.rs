@@ -329,6 +329,38 @@ pub fn dict_keys_are(d: Held, keys: &[Py<PyAny>]) -> Option<bool> {
     Some(true)
 }
 
+/// Whether exact dict `d` lacks the exact-str `key`, scanning its keys without running Python
+/// code: None (undecided) when `d` is not an exact dict, or `key` or a stored key is not an
+/// exact str.
+pub fn dict_lacks_str(d: Held, key: &Py<PyAny>) -> Option<bool> {
+    let key = key.as_ptr();
+    // SAFETY: type checks of live objects.
+    if !d.is_exact_dict() || unsafe { ffi::PyUnicode_CheckExact(key) } == 0 {
+        return None;
+    }
+    let (mut pos, mut k, mut v) = (
+        0 as ffi::Py_ssize_t,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: iteration of a live exact dict with borrowed key/value pointers; comparing two
+    // exact strs runs no Python code.
+    unsafe {
+        while ffi::PyDict_Next(d.0, &mut pos, &mut k, &mut v) != 0 {
+            if k == key {
+                return Some(false);
+            }
+            if ffi::PyUnicode_CheckExact(k) == 0 {
+                return None;
+            }
+            if ffi::PyUnicode_Compare(k, key) == 0 {
+                return Some(false);
+            }
+        }
+    }
+    Some(true)
+}
+
 /// A pyo3 dict handle as a Held (the caller holds the dict for the replay).
 pub fn held_dict(d: &Bound<'_, PyDict>) -> Held {
     Held(d.as_ptr())

@@ -307,6 +307,11 @@ impl GuardBuilder {
         self.leaf(Some(&node), LeafKind::DictKeys(keys), expr)
     }
 
+    fn dict_lacks(&mut self, node: PyRef<'_, GuardNode>, key: &Bound<'_, PyAny>) -> Result<()> {
+        let expr = format!("{} not in {}", key.repr()?, node.source);
+        self.leaf(Some(&node), LeafKind::DictLacks(key.clone().unbind()), expr)
+    }
+
     #[pyo3(signature = (node, example, *, dynamic_dims=Vec::new(), check_strides=true))]
     fn tensor_match(
         &mut self,

@@ -75,6 +75,9 @@ pub(crate) enum LeafKind {
     Equals(Const),
     LengthIs(usize),
     DictKeys(Vec<Py<PyAny>>),
+    /// `key not in d` for an exact dict `d` (an instance `__dict__` that must not shadow a
+    /// class attribute).
+    DictLacks(Py<PyAny>),
     Tensor(Box<TensorSpec>),
     GlobalState(Box<Snapshot>),
     /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
@@ -103,7 +106,10 @@ impl LeafKind {
     pub(crate) fn class(&self) -> u8 {
         match self {
             LeafKind::TypeIs(_) | LeafKind::Is(_) | LeafKind::IsNone | LeafKind::IsNotNone => 0,
-            LeafKind::Equals(_) | LeafKind::LengthIs(_) | LeafKind::DictKeys(_) => 1,
+            LeafKind::Equals(_)
+            | LeafKind::LengthIs(_)
+            | LeafKind::DictKeys(_)
+            | LeafKind::DictLacks(_) => 1,
             LeafKind::GlobalState(_) => 2,
             LeafKind::Tensor(_) => 3,
             LeafKind::Aliasing(_) => 4,
@@ -182,6 +188,13 @@ impl Leaf {
                 }
                 None => format!("{} (got an object of type {})", self.expr, type_name(v)),
             },
+            LeafKind::DictLacks(_) => {
+                if v.cast_exact::<PyDict>().is_ok() {
+                    format!("{} (the key is present)", self.expr)
+                } else {
+                    format!("{} (got an object of type {})", self.expr, type_name(v))
+                }
+            }
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
             LeafKind::Aliasing(_) => self.expr.clone(), // explained by the tree (several values)
@@ -214,6 +227,10 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
                     && ks.iter().zip(keys.iter()).all(|(k, e)| same_key(py, k, e))
             }),
         },
+        // anything but an exact dict fails (a recompile decides again)
+        LeafKind::DictLacks(key) => v
+            .cast_exact::<PyDict>()
+            .is_ok_and(|d| d.contains(key.bind(py)).ok() == Some(false)),
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
         LeafKind::Aliasing(_) => false, // checked by the tree over its several values

@@ -415,6 +415,7 @@ pub(crate) fn replay<'py>(
                     (None, LeafKind::GlobalState(s)) => s.check_raw(),
                     (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
                     (Some(_), LeafKind::DictKeys(keys)) => check_keys(keys, v, &r.keys_seen),
+                    (Some(_), LeafKind::DictLacks(key)) => check_lacks(key, v, &r.keys_seen),
                     (Some(_), kind) => check_leaf(py, kind, v),
                     _ => None,
                 };
@@ -605,6 +606,22 @@ fn check_keys(keys: &[Py<PyAny>], v: Val, seen: &AtomicU64) -> Option<bool> {
     Some(ok)
 }
 
+/// A dict-lacks leaf: passes at once on a dict at the version where the key was last found
+/// absent, else scans the keys (undecided on a key that is not an exact str) and remembers a
+/// pass.
+fn check_lacks(key: &Py<PyAny>, v: Val, seen: &AtomicU64) -> Option<bool> {
+    let h = as_obj(v)?;
+    let version = raw::dict_version(h).filter(|&v| v != 0);
+    if version.is_some_and(|v| seen.load(Ordering::Relaxed) == v) {
+        return Some(true);
+    }
+    let ok = raw::dict_lacks_str(h, key)?;
+    if let (true, Some(v)) = (ok, version) {
+        seen.store(v, Ordering::Relaxed);
+    }
+    Some(ok)
+}
+
 #[inline]
 fn check_leaf(py: Python<'_>, kind: &LeafKind, v: Val) -> Option<bool> {
     if v & 1 == 1 {
@@ -634,6 +651,7 @@ fn check_leaf(py: Python<'_>, kind: &LeafKind, v: Val) -> Option<bool> {
         LeafKind::Equals(Const::Int(i)) => h.exact_int() == Some(*i),
         LeafKind::LengthIs(n) => h.exact_len()? == *n,
         LeafKind::DictKeys(keys) => raw::dict_keys_are(h, keys)?,
+        LeafKind::DictLacks(key) => raw::dict_lacks_str(h, key)?,
         LeafKind::Tensor(t) => t.check_raw(&h.bound(py))?,
         _ => return None,
     })

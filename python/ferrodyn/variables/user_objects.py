@@ -165,6 +165,8 @@ class ObjectLike(VariableTracker):
         pending = pending_class_attr(tx, cls, name)
         if pending is not None:  # a plain value stored on the class in this trace
             inst = self.instance_attr(tx, name)
+            if inst is None:
+                self.guard_unshadowed(tx, name)
             return inst if inst is not None else pending
         attr = lookup_class_attr(cls, name)
         is_data_descr = attr is not _ABSENT and (
@@ -176,6 +178,8 @@ class ObjectLike(VariableTracker):
             if inst is not None:
                 return inst
         if attr is not _ABSENT:
+            if not is_data_descr:  # an instance attribute stored later would shadow it
+                self.guard_unshadowed(tx, name)
             return class_attr_tracker(tx, cls, self.type_source(), name, attr, self)
         fb = self.fallback_attr(tx, name)
         if fb is not None:
@@ -219,6 +223,10 @@ class ObjectLike(VariableTracker):
 
     def guard_absence(self, tx) -> None:
         """An attribute found absent stays absent (objects from the frame guard it)."""
+
+    def guard_unshadowed(self, tx, name: str) -> None:
+        """`name` was read from the class (no data descriptor): no instance attribute may shadow
+        it on a later call (objects from the frame guard their `__dict__`)."""
 
     def descriptor_attr(self, tx, name):
         unsupported(f"descriptor attribute {name!r}", BreakReason.UNSUPPORTED_TYPE)
@@ -359,6 +367,13 @@ class UserObjectVariable(ObjectLike):
         for sub in ("_parameters", "_buffers", "_modules"):
             if isinstance(d.get(sub), dict):
                 tx.output.install_guard(ItemSource(src, sub), GuardKind.DICT_KEYS, tuple(d[sub]))
+
+    def guard_unshadowed(self, tx, name):
+        from ferrodyn.guard_spec import GuardKind
+        d = getattr(self.value, "__dict__", None)
+        if self.source is None or not isinstance(d, dict) or name in d:
+            return  # no instance dict, or the key is there now (this trace deleted it)
+        tx.output.install_guard(DictOfSource(self.source), GuardKind.DICT_LACKS, name)
 
     # -- mutation (recorded, replayed with object.__setattr__ / object.__delattr__) -----------
     def plain_setattr_check(self, tx, name: str, verb: str) -> None:
