@@ -158,3 +158,22 @@ def test_module_forward_assigned_on_instance(fresh_ferrodyn, where):
         assert torch.equal(after, eager_after), name
         assert torch.allclose(before, m(x)), name
     assert counts["ferrodyn"] <= counts["torch"]
+
+
+def test_module_tree_method_shadowed(fresh_ferrodyn):
+    """`nn.Module.parameters` is modelled by a table; an instance attribute `parameters`
+    replaces it for the next call."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 3)
+    extra = torch.nn.Parameter(torch.ones(3))
+
+    def fn(x):
+        return sum(p.sum() for p in m.parameters()) + x
+
+    b = CountingBackend()
+    c = ferrodyn.compile(fn, backend=b)
+    x = torch.randn(3)
+    assert torch.allclose(c(x), fn(x))
+    m.parameters = lambda: iter([extra])
+    assert torch.allclose(c(x), fn(x))
+    assert torch.allclose(fn(x), x + 3)

@@ -111,18 +111,24 @@ class NNModuleVariable(UserObjectVariable):
         self._plain_module_attr(tx, name, "del")
         self.record_delete(tx, name)
 
-    def var_getattr(self, tx, name):
+    def _tree_method(self, tx, name):
+        """The table's handler of `name` when it is `nn.Module`'s own method, unshadowed."""
         handler = _TREE_METHODS.get(name)
-        if handler is not None and getattr(type(self.value), name, None) is \
-                getattr(torch.nn.Module, name):
+        if handler is None or getattr(type(self.value), name, None) is not \
+                getattr(torch.nn.Module, name) or name in self.value.__dict__:
+            return None
+        self.guard_unshadowed(tx, name)
+        return handler
+
+    def var_getattr(self, tx, name):
+        if self._tree_method(tx, name) is not None:
             from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
             return BoundMethodVariable(func=MethodOf(name=name), obj=self)
         return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
-        handler = _TREE_METHODS.get(name)
-        if handler is not None and getattr(type(self.value), name, None) is \
-                getattr(torch.nn.Module, name):
+        handler = self._tree_method(tx, name)
+        if handler is not None:
             return handler(tx, self, *args, **kwargs)
         return super().call_method(tx, name, args, kwargs)
 
