@@ -162,6 +162,16 @@ unsafe extern "C" fn fastcall_trampoline(
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         (owner.handler)(py, data, slots)
     }));
+    result_to_ptr(py, r, "a fastcall")
+}
+
+/// The C-API result of a Rust call made from a C slot: the new reference, or NULL with the
+/// error (or a PanicException for a panic) set.
+fn result_to_ptr(
+    py: Python<'_>,
+    r: std::thread::Result<PyResult<Bound<'_, PyAny>>>,
+    what: &str,
+) -> *mut ffi::PyObject {
     match r {
         Ok(Ok(v)) => v.into_ptr(),
         Ok(Err(e)) => {
@@ -169,7 +179,7 @@ unsafe extern "C" fn fastcall_trampoline(
             std::ptr::null_mut()
         }
         Err(_) => {
-            pyo3::panic::PanicException::new_err("ferrodyn: internal panic in a fastcall")
+            pyo3::panic::PanicException::new_err(format!("ferrodyn: internal panic in {what}"))
                 .restore(py);
             std::ptr::null_mut()
         }
@@ -317,18 +327,7 @@ unsafe extern "C" fn vectorcall_trampoline<T: VectorcallTarget>(
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         slf.get().vectorcall(py, call)
     }));
-    match r {
-        Ok(Ok(v)) => v.into_ptr(),
-        Ok(Err(e)) => {
-            e.restore(py);
-            std::ptr::null_mut()
-        }
-        Err(_) => {
-            pyo3::panic::PanicException::new_err("ferrodyn: internal panic in a vectorcall")
-                .restore(py);
-            std::ptr::null_mut()
-        }
-    }
+    result_to_ptr(py, r, "a vectorcall")
 }
 
 /// Make CPython call instances of `T` through their [`VectorcallSlot`] field: `sample` is an

@@ -414,8 +414,12 @@ pub(crate) fn replay<'py>(
                 let ok = match (leaf.node, &leaf.kind) {
                     (None, LeafKind::GlobalState(s)) => s.check_raw(),
                     (None, LeafKind::Shape(s)) => check_shape(py, s, memo),
-                    (Some(_), LeafKind::DictKeys(keys)) => check_keys(keys, v, &r.keys_seen),
-                    (Some(_), LeafKind::DictLacks(key)) => check_lacks(key, v, &r.keys_seen),
+                    (Some(_), LeafKind::DictKeys(keys)) => {
+                        check_by_version(v, &r.keys_seen, |h| raw::dict_keys_are(h, keys))
+                    }
+                    (Some(_), LeafKind::DictLacks(key)) => {
+                        check_by_version(v, &r.keys_seen, |h| raw::dict_lacks_str(h, key))
+                    }
                     (Some(_), kind) => check_leaf(py, kind, v),
                     _ => None,
                 };
@@ -591,31 +595,20 @@ fn check_shape_by_symbol(py: Python<'_>, s: &ShapeLeaf, memo: &[Val]) -> Option<
     (!undecided).then_some(ok)
 }
 
-/// A dict-keys leaf: passes at once on a dict at the version where its keys were last found
-/// equal (versions are unique per dict and state), else compares them and remembers a pass.
-fn check_keys(keys: &[Py<PyAny>], v: Val, seen: &AtomicU64) -> Option<bool> {
+/// A dict-keys leaf (`keys`) or dict-lacks leaf (`decide` is the full check): passes at once on
+/// a dict at the version where it last passed (versions are unique per dict and state), else
+/// decides and remembers a pass.
+fn check_by_version(
+    v: Val,
+    seen: &AtomicU64,
+    decide: impl FnOnce(Held) -> Option<bool>,
+) -> Option<bool> {
     let h = as_obj(v)?;
     let version = raw::dict_version(h).filter(|&v| v != 0);
     if version.is_some_and(|v| seen.load(Ordering::Relaxed) == v) {
         return Some(true);
     }
-    let ok = raw::dict_keys_are(h, keys)?;
-    if let (true, Some(v)) = (ok, version) {
-        seen.store(v, Ordering::Relaxed);
-    }
-    Some(ok)
-}
-
-/// A dict-lacks leaf: passes at once on a dict at the version where the key was last found
-/// absent, else scans the keys (undecided on a key that is not an exact str) and remembers a
-/// pass.
-fn check_lacks(key: &Py<PyAny>, v: Val, seen: &AtomicU64) -> Option<bool> {
-    let h = as_obj(v)?;
-    let version = raw::dict_version(h).filter(|&v| v != 0);
-    if version.is_some_and(|v| seen.load(Ordering::Relaxed) == v) {
-        return Some(true);
-    }
-    let ok = raw::dict_lacks_str(h, key)?;
+    let ok = decide(h)?;
     if let (true, Some(v)) = (ok, version) {
         seen.store(v, Ordering::Relaxed);
     }
