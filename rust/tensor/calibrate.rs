@@ -82,6 +82,22 @@ fn calibrate_or_err(py: Python<'_>) -> PyResult<Calibration> {
     Ok(cal)
 }
 
+/// Word offsets in AutogradMeta bytes (`scan` long) that are null on every leaf, set on every
+/// non-leaf, and set before / null after `detach_()` of one more non-leaf (`detached`).
+fn grad_fn_candidates(
+    leaves: &[Vec<u8>],
+    nonleaves: &[Vec<u8>],
+    detached: (&[u8], &[u8]),
+    scan: usize,
+) -> Vec<usize> {
+    (8..scan - 8)
+        .step_by(8)
+        .filter(|&o| leaves.iter().all(|b| w64(b, o) == 0))
+        .filter(|&o| nonleaves.iter().all(|b| w64(b, o) != 0))
+        .filter(|&o| w64(detached.0, o) != 0 && w64(detached.1, o) == 0)
+        .collect()
+}
+
 struct Probe<'py> {
     t: Bound<'py, PyAny>,
     d: Bound<'py, PyDict>,
@@ -266,11 +282,14 @@ fn locate(
     {
         return Err("calibration: AutogradMeta vtables differ".into());
     }
+    // grad_fn_: null on leaves, set on non-leaves, and cleared by detach_() (uninitialised
+    // bytes, e.g. a std::string's inline buffer, can pass the first two tests by chance).
+    let dt = probe(m, item("detachable")?)?;
+    let d_before = amb(&dt)?;
+    dt.t.call_method0("detach_").map_err(e)?;
+    let d_after = amb(&dt)?;
     let am_grad_fn = unique(
-        (8..AUTOGRAD_SCAN - 8)
-            .step_by(8)
-            .filter(|&o| la.iter().all(|b| w64(b, o) == 0) && na.iter().all(|b| w64(b, o) != 0))
-            .collect(),
+        grad_fn_candidates(&la, &na, (&d_before, &d_after), AUTOGRAD_SCAN),
         "AutogradMeta.grad_fn_",
     )?;
     // requires_grad_: the byte that follows requires_grad_(False) / requires_grad_(True).
@@ -480,7 +499,7 @@ fn verify(
 
 #[cfg(test)]
 mod tests {
-    use super::{policy_mask, MIN_POLICY_SAMPLES};
+    use super::{grad_fn_candidates, policy_mask, MIN_POLICY_SAMPLES};
 
     const PAD: u32 = 1 << 23;
     const SIZES: u32 = (1 << 11) | (1 << 20);
@@ -528,5 +547,34 @@ mod tests {
         assert!(e.contains("too few 'sizes'"), "{e}");
         let e = policy_mask(&[("sizes", n(SIZES))], &[0]).unwrap_err();
         assert!(e.contains("too few policy-free"), "{e}");
+    }
+
+    /// AutogradMeta bytes with word `o` set to `v` for each (o, v).
+    fn am(words: &[(usize, u64)]) -> Vec<u8> {
+        let mut b = vec![0u8; 96];
+        for &(o, v) in words {
+            b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn uninitialised_words_that_mimic_grad_fn_are_told_apart_by_detach() {
+        // grad_fn_ at 48; words 24 and 32 (a std::string's inline buffer) hold heap garbage
+        // that happens to be null on both leaves and set on both non-leaves.
+        let leaves = [am(&[]), am(&[])];
+        let nonleaves = [
+            am(&[(24, 7), (32, 9), (48, 0x1000)]),
+            am(&[(24, 3), (32, 5), (48, 0x2000)]),
+        ];
+        let before = am(&[(24, 1), (32, 1), (48, 0x3000)]);
+        let after = am(&[(24, 1), (32, 1)]);
+        assert_eq!(
+            grad_fn_candidates(&leaves, &nonleaves, (&before, &after), 96),
+            vec![48]
+        );
+        // A word that detach_() leaves set is never taken, whatever the other samples show.
+        let kept = before.clone();
+        assert!(grad_fn_candidates(&leaves, &nonleaves, (&before, &kept), 96).is_empty());
     }
 }

@@ -99,6 +99,10 @@ def probes():
         "plain": torch.empty(7),
         "leaves": [leaf, fresh_leaf],
         "nonleaves": [nonleaf, nonleaf2],
+        # a non-leaf whose grad_fn calibrate.rs clears with detach_(): only the real grad_fn_
+        # word goes from set to null (AutogradMeta's std::string name_ keeps whatever the heap
+        # held in its inline buffer, so the leaf/non-leaf contrast alone can be ambiguous)
+        "detachable": leaf * 3,
         "toggled": toggled,
         "wrappers": wrappers,
         "keyed": [strided, torch.empty(2, device="meta"), inference, leaf],
