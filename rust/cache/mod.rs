@@ -1,7 +1,7 @@
 //! The per-code cache: compiled entries (`CacheEntry`) of each code object, kept in the code's
 //! `co_extra` slot (see `crate::ffi::code_extra`), looked up most-recently-hit first against
 //! their guard trees (entries past the first pre-filtered by their tree's discriminator leaf), with a per-code size limit and global counters. The list is touched under the GIL only
-//! (`ffi::code_extra::GilCell`: no lock); a hit on the first entry takes no snapshot of it.
+//! (`ffi::gil_lock::GilLock`: no atomic lock); a hit on the first entry takes no snapshot of it.
 //!
 //! Owns: entry storage and order, the limit and its one-time warning, the counters, `reset()`.
 //! Does not own: the frame hook (`crate::eval_frame`), guard evaluation (`crate::guards`).
@@ -15,7 +15,8 @@ use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCode, PyDict};
 
-use crate::ffi::code_extra::{self, GilCell};
+use crate::ffi::code_extra;
+use crate::ffi::gil_lock::GilLock;
 use crate::guards::{GuardInput, GuardTree};
 use policy::EntryList;
 
@@ -135,7 +136,7 @@ impl CodeFlag {
 #[derive(Default)]
 pub struct CodeState {
     /// Read and written under the GIL only (no lock, no atomic per lookup).
-    entries: GilCell<EntryList<EntryRef>>,
+    entries: GilLock<EntryList<EntryRef>>,
     /// The list's length, readable without the lock (the hook's pre-check).
     len: AtomicUsize,
     flag: AtomicU8,

@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use pyo3::Python;
 
-use crate::ffi::weakkey::GilLock;
+use crate::ffi::gil_lock::GilLock;
 
 use super::table::{Placed, Table};
 
