@@ -286,7 +286,7 @@ fn locate(
     // bytes, e.g. a std::string's inline buffer, can pass the first two tests by chance).
     let dt = probe(m, item("detachable")?)?;
     let d_before = amb(&dt)?;
-    dt.t.call_method0("detach_").map_err(e)?;
+    m.call_method1("detach_in_place", (&dt.t,)).map_err(e)?;
     let d_after = amb(&dt)?;
     let am_grad_fn = unique(
         grad_fn_candidates(&la, &na, (&d_before, &d_after), AUTOGRAD_SCAN),

@@ -111,6 +111,13 @@ def probes():
     }
 
 
+@_clean
+def detach_in_place(t):
+    """`t.detach_()` in the plain state (calibrate.rs: `grad_fn_` is the word it clears; under
+    the caller's inference mode it would not be cleared)."""
+    t.detach_()
+
+
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
 for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
