@@ -36,18 +36,9 @@ impl<T> GilLock<T> {
     /// The data, locked; `None` when it is already locked.
     #[inline]
     pub fn try_lock<'a>(&'a self, _py: Python<'_>) -> Option<GilGuard<'a, T>> {
-        if self.taken.get() {
-            return None;
-        }
-        self.taken.set(true);
-        Some(GilGuard {
-            lock: self,
-            _not_send: std::marker::PhantomData,
-        })
+        self.take()
     }
-}
 
-impl<T> GilLock<T> {
     /// `try_lock` for a garbage collector's traversal, where no `Python` token can be had: the
     /// `PyVisit` is the proof, since CPython's collector calls `tp_traverse` with the GIL held.
     #[inline]
@@ -55,10 +46,27 @@ impl<T> GilLock<T> {
         &'a self,
         _visit: &pyo3::PyVisit<'_>,
     ) -> Option<GilGuard<'a, T>> {
-        if self.taken.get() {
+        self.take()
+    }
+
+    /// `f(&mut data)` with the lock held, or None when it is already taken (re-entry on this
+    /// thread, or a thread that let the GIL go while holding it). `f` must not let the GIL go.
+    #[inline]
+    pub fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.try_lock(py).map(|mut g| f(&mut g))
+    }
+
+    /// Exclusive access through `&mut self` (no lock needed).
+    pub fn get_mut(&mut self) -> &mut T {
+        self.data.get_mut()
+    }
+
+    /// Set the flag unless it is set (the callers hold the GIL, which orders every access).
+    #[inline]
+    fn take(&self) -> Option<GilGuard<'_, T>> {
+        if self.taken.replace(true) {
             return None;
         }
-        self.taken.set(true);
         Some(GilGuard {
             lock: self,
             _not_send: std::marker::PhantomData,
@@ -93,19 +101,5 @@ impl<T> Drop for GilGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
         self.lock.taken.set(false);
-    }
-}
-
-impl<T> GilLock<T> {
-    /// `f(&mut data)` with the lock held, or None when it is already taken (re-entry on this
-    /// thread, or a thread that let the GIL go while holding it). `f` must not let the GIL go.
-    #[inline]
-    pub fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        self.try_lock(py).map(|mut g| f(&mut g))
-    }
-
-    /// Exclusive access through `&mut self` (no lock needed).
-    pub fn get_mut(&mut self) -> &mut T {
-        self.data.get_mut()
     }
 }
