@@ -233,7 +233,8 @@ class _Level:
     """The live state of one frame at the break, before reconstruction."""
 
     def __init__(self, tx, exc: Unsupported, innermost: bool):
-        from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
+        from ferrodyn.variables.functions import (BoundMethodVariable, NestedFunctionVariable,
+                                                  UserFunctionVariable)
         self.tx = tx
         self.code, shift = origin(tx.code)
         inst = tx.instructions[tx.ip] if innermost else tx.current
@@ -243,15 +244,18 @@ class _Level:
             self.offset = prologue_call(tx.code)
             if self.offset is None or inst.opname != "CALL_FUNCTION_EX":
                 _refuse(exc, f"a break in the prologue of {tx.code.co_name}")
-        if self.code.co_cellvars:
-            _refuse(exc, f"{self.code.co_name} has cell variables (captured by an inner function)")
-        if self.code.co_freevars:
-            # the root's resume function is made per call with the frame's own cells; an
-            # inner level's is handed over as an argument, so it must be one object
-            if tx.parent is not None:
-                _refuse(exc, f"{self.code.co_name} is an inlined closure")
-            if len(self.code.co_varnames) + len(tx.stack) + 2 + len(self.code.co_freevars) > 255:
-                _refuse(exc, f"{self.code.co_name} has too many locals for its closure's slots")
+        # Cell and free variables: the resume function takes the cell objects themselves as
+        # arguments (after the locals), so functions made before the break and the resume
+        # function share them (CellVariable.reconstruct: a new cell is made once per call).
+        self.cells = []
+        for name in self.code.co_cellvars + self.code.co_freevars:
+            cell = tx.cells.get(name)
+            if cell is None or name in tx.locals:  # a comprehension's value in a cell's slot
+                _refuse(exc, f"the cell slot {name!r} of {self.code.co_name} holds no cell")
+            self.cells.append(cell)
+        n_cells = len(self.cells)
+        if n_cells and len(self.code.co_varnames) + 2 * n_cells + len(tx.stack) + 2 > 255:
+            _refuse(exc, f"{self.code.co_name} has too many locals for its cells' slots")
         if not innermost:
             # the call that inlined the next level must be a plain call of that function, so
             # that its result is exactly what the inner frames return
@@ -261,7 +265,7 @@ class _Level:
                 callee = tx.realize(callee.func)
             plain = inst.opname in ("CALL", "CALL_KW") or (
                 inst.opname == "CALL_FUNCTION_EX" and inst.offset < shift)  # a prologue's
-            if not (plain and isinstance(callee, UserFunctionVariable)):
+            if not (plain and isinstance(callee, (UserFunctionVariable, NestedFunctionVariable))):
                 _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
                              "inlines more than one plain call")
         levels = _with_levels(self.code, self.offset)
@@ -287,6 +291,7 @@ class _Level:
                     _refuse(exc, "an exception handler deeper than the stack below the break")
                 self.handler = (h.target.offset, h.depth, h.lasti)
         self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
+        self.locals += [_Rebuilt(lambda tx2, c=c: c.reconstruct(tx2)) for c in self.cells]
 
 
 # original code -> offsets of the breaks already logged there (the graph_breaks channel logs
@@ -314,6 +319,29 @@ def _log_break(levels: list, exc: Unsupported) -> None:
     graph_breaks_log.debug("Graph break in user code at %s:%s\nReason: %s\nUser code traceback:\n%s",
                            inner.code.co_filename, inner.inst.lineno, exc.construct
                            if isinstance(exc, Unsupported) else exc, stack)
+
+
+def _cell_contents(levels: list) -> list:
+    """The contents of the new cells the entry rebuilds (each once): the levels' own cells and
+    those of functions made in the frame that are live (their defaults too)."""
+    from ferrodyn.variables.functions import CellVariable, NestedFunctionVariable
+    from ferrodyn.variables.lists import TupleVariable
+    out, seen = [], set()
+    todo = [c for lv in levels for c in lv.cells]
+    todo += [v for lv in levels for v in [*lv.stack, *lv.locals]]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, TupleVariable):
+            todo += v.items
+        elif isinstance(v, NestedFunctionVariable) and id(v) not in seen:
+            seen.add(id(v))
+            todo += [*v.fclosure, *v.fdefaults, *v.fkwdefaults.values()]
+        elif isinstance(v, CellVariable) and id(v.state) not in seen:
+            seen.add(id(v.state))
+            if v.state.mutation_type is None and v.state.content is not None:
+                out.append(v.state.content)
+                todo.append(v.state.content)
+    return out
 
 
 def _is_grad_exit(v) -> bool:
@@ -380,6 +408,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
         for v in [*lv.stack, *lv.locals]:
             if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
                 _mutable_identities(v, seen, lists, exc)
+    for v in _cell_contents(levels):  # new cells are rebuilt with their contents
+        _mutable_identities(v, seen, lists, exc)
     for v in seen.values():
         if isinstance(v, IteratorVariable):
             _check_iterator(v, lists, exc)

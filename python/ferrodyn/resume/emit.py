@@ -38,10 +38,8 @@ def _resume_function(e, brk, offset: int, shape: tuple[int, ...], nested_call: i
     key = (id(code), id(f_globals))
     fn = _RESUME_FUNCTIONS.get(key)
     if fn is None or fn.__code__ is not code or fn.__globals__ is not f_globals:
-        # a closure's stands for its code and globals: the entry makes one per call with the
-        # frame's cells (`_load_resume`); these empty cells are never read
-        cells = tuple(types.CellType() for _ in code.co_freevars) or None
-        fn = types.FunctionType(code, f_globals, code.co_name, None, cells)
+        # never a closure: the frame's cells are arguments (resume_code)
+        fn = types.FunctionType(code, f_globals, code.co_name)
         _RESUME_FUNCTIONS[key] = fn
     return fn
 
@@ -76,26 +74,10 @@ def _call_resume(e, brk, n_stack: int) -> None:
 
 
 def _load_resume(e, fn) -> None:
-    """The resume function as a callable (with its NULL). A closure's is made for this call
-    with the frame's own cells (`FunctionType(code, globals, name, None, cells)`), so that it
-    reads and writes the same cells as the frame it continues."""
-    code = fn.__code__
-    if not code.co_freevars:
-        # called through `_C.resume_call`: a hit of its cache runs the entry without a frame
-        # of the resume function (anything else calls fn itself)
-        e.load_callable(_C.resume_call(fn))
-        return
-    e.emit(*e.b.call_prefix())
-    e.load_callable(types.FunctionType)
-    e.load_value(code)
-    e.load_value(fn.__globals__)
-    e.load_value(code.co_name)
-    e.emit(e.b.load_const(None))
-    for j in range(len(code.co_freevars)):
-        e.emit(e.b.load_fast(e.cell_names[j]))
-    e.emit(e.inst("BUILD_TUPLE", len(code.co_freevars)))
-    e.call(5)
-    e.emit(*e.b.call_infix())
+    """The resume function as a callable (with its NULL), called through `_C.resume_call`: a
+    hit of its cache runs the entry without a frame of the resume function (anything else
+    calls fn itself). The frame's cells are among its arguments (`_push_locals`)."""
+    e.load_callable(_C.resume_call(fn))
 
 
 def _store(e, n: int) -> list[str]:
@@ -107,6 +89,7 @@ def _store(e, n: int) -> list[str]:
 
 
 def _push_locals(e, frame) -> None:
+    """The locals (co_varnames order), then the cells (co_cellvars + co_freevars order)."""
     for v in frame.locals:
         if v is None:
             e.emit(e.b.load_const(None))  # unbound: the prologue deletes it
