@@ -202,6 +202,43 @@ def test_data_dependent_jump_in_a_frame_with_cells():
         run_both(conditional_on_tensor, x)
 
 
+def two_breaks(x):
+    k = x + 1
+    def g():
+        return k
+    print("break 1")
+    k = k * 2                  # in the first resume function
+    print("break 2")
+    k = k + 3                  # in the second: the same cell, handed on
+    return g(), k
+
+
+def test_two_breaks_hand_the_cell_on(capsys):
+    ours, theirs = run_both(two_breaks, torch.randn(3))
+    assert ours.count == theirs.count == 3
+
+
+def escapes(x, saved):
+    k = x + 1
+    def g():
+        return k
+    saved.append(g)            # the closure leaves the frame before the break
+    print("break")
+    k = x * 5
+    return x.cos()
+
+
+def test_closure_stored_before_the_break_sees_the_later_rebinding(capsys):
+    x = torch.randn(3)
+    ours = CountingBackend()
+    cf = ferrodyn.compile(escapes, backend=ours)
+    for _ in range(3):
+        got, want = [], []
+        _close(cf(x, got), escapes(x, want))
+        _close(got[0](), want[0]())
+    assert ours.count == 2
+
+
 # -- nested breaks: an enclosing frame with cells, an inlined closure --------------------------
 
 def helper_with_cell(x):
