@@ -38,7 +38,8 @@ Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's gra
 """
 
 from ferrodyn.resume.capture import (  # noqa: F401
-    GradModeRestore, GraphBreak, OuterFrame, breakable, capture_break, n_inputs, reset_state,
+    AutocastReenter, GradModeRestore, GraphBreak, OuterFrame, autocast_state, breakable,
+    capture_break, n_inputs, reset_state,
 )
 from ferrodyn.resume.code import (  # noqa: F401
     ITER, NULL, VALUE, _ORIGIN, _RESUME_CODES, origin, prologue_call, resume_code,

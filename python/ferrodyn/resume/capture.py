@@ -66,6 +66,68 @@ class GradModeRestore:
         return False
 
 
+class AutocastReenter:
+    """Stands for a live autocast `with` block's `__exit__` across a break (the graph before
+    the break exits it, the entry runs the breaking instruction inside a real one): the
+    resume prologue calls it, which enters the same autocast again (traced: the resume
+    function's graph enters it) and gives that context's `__exit__`, called where the
+    original's would be, with the original's semantics."""
+
+    def __init__(self, args: tuple):
+        self.args = args
+
+    def __call__(self):
+        ctx = torch.amp.autocast(*self.args)
+        ctx.__enter__()
+        return ctx.__exit__
+
+    def enter_real(self):
+        """The entry's: the context the breaking instruction runs in (exited after it)."""
+        ctx = torch.amp.autocast(*self.args)
+        ctx.__enter__()
+        return ctx
+
+    @staticmethod
+    def exit_real(ctx) -> None:
+        ctx.__exit__(None, None, None)
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple:
+    """Torch's autocast state (enabled and dtype per device, the cache flag): a break resumes
+    only where it is the entry's once the live autocast `with` blocks are exited."""
+    return (tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                  for d in _AUTOCAST_DEVICES), torch.is_autocast_cache_enabled())
+
+
+def _exit_live_autocasts(chain: list, n_in: int, exc: Unsupported) -> None:
+    """The breaking level's live autocast `with` blocks are exited at the end of the graph
+    (the entry and the resume function enter them again: AutocastReenter); one among the
+    instruction's inputs, or around an enclosing level's call, is refused."""
+    from ferrodyn.variables.ctx_managers import AutocastVariable
+    from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+
+    def live(t):
+        return [k for k, v in enumerate(t.stack)
+                if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf)
+                and v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable)]
+    if any(live(t) for t in chain[:-1]):
+        _refuse(exc, "an autocast `with` block encloses the call of an inlined function that breaks")
+    tx = chain[-1]
+    ks = live(tx)
+    if any(k >= len(tx.stack) - n_in for k in ks):
+        _refuse(exc, "an autocast `__exit__` among the breaking instruction's inputs")
+    for k in reversed(ks):
+        st = tx.stack[k].obj.state
+        if not st.entered:
+            _refuse(exc, "an autocast `__exit__` of a context that is not entered")
+        tx.output.create_node("call_function", torch.amp._exit_autocast, (st.node,), {})
+        st.real.__exit__(None, None, None)
+        st.entered = False
+
+
 # ---------------------------------------------------------------------------------------------
 # Capture (at trace time)
 # ---------------------------------------------------------------------------------------------
@@ -112,14 +174,17 @@ def _rebuild_value(tx, v, exc: Unsupported):
     """A tracker the entry can reconstruct standing for live value `v` (grad-mode exits and
     tensor methods become reconstructible stand-ins)."""
     from ferrodyn.variables.constant import ConstantVariable
-    from ferrodyn.variables.ctx_managers import GradModeVariable
+    from ferrodyn.variables.ctx_managers import AutocastVariable, GradModeVariable
     from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
     from ferrodyn.variables.tensor import TensorMethodVariable
 
     if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf):
         if v.func.name == "__exit__" and isinstance(v.obj, GradModeVariable):
             return ConstantVariable(value=GradModeRestore(bool(v.obj.state.prev)))
-        _refuse(exc, f"a live {v.describe()} (only grad-mode `with` blocks are re-entered)")
+        if v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable):
+            return ConstantVariable(value=AutocastReenter(tuple(v.obj.args)))
+        _refuse(exc, f"a live {v.describe()} (only grad-mode and autocast `with` blocks are "
+                     "re-entered)")
     if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again
         func, obj = v.func, v.obj
         return _Rebuilt(lambda tx2: OutCall(types.MethodType, (tx2.realize(func).reconstruct(tx2),
@@ -373,7 +438,7 @@ def _graph_sets_grad(gm) -> bool:
     return False
 
 
-def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
+def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
                   grad_at_entry: bool | None = None) -> TraceResult:
     """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
     before it; tx's parents, if any, are inside the calls that inlined it). Re-raises `exc`
@@ -389,13 +454,14 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
     n_in = n_inputs(inst)
     if len(tx.stack) < n_in:
         _refuse(exc, "the stack is shorter than the instruction's inputs")
-    if torch.is_autocast_enabled() != autocast_at_entry:
-        _refuse(exc, "autocast state changed before the break")
     chain = []
     t = tx
     while t is not None:
         chain.insert(0, t)
         t = t.parent
+    _exit_live_autocasts(chain, n_in, exc)
+    if autocast_state() != autocast_at_entry:
+        _refuse(exc, "autocast state changed before the break")
     levels = [_Level(t, exc, t is tx) for t in chain]
     if any(lv.exits for lv in levels[:-1]):
         _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")

@@ -50,15 +50,20 @@ _FAST_OPS = frozenset({"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHEC
 _FAST_PAIR_OPS = frozenset({"LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST"})
 _CELL = "__ferrodyn_cell"
 
-NULL, VALUE, ITER = 0, 1, 2  # kinds of stack slots a resume prologue rebuilds
+# kinds of stack slots a resume prologue rebuilds; EXIT: a live autocast `with` block's exit,
+# passed as a callable (capture.AutocastReenter) that enters it again and gives its __exit__
+NULL, VALUE, ITER, EXIT = 0, 1, 2, 3
 
 
 def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
                 unbound: frozenset[int], nested_call: int | None = None,
                 raise_at: int | None = None) -> types.CodeType:
     """The code of the resume function continuing `code` at the instruction at byte `offset`
-    with a stack of `len(shape)` slots (NULL, VALUE, or ITER: an iterator over the tuple
-    passed) and the locals `unbound` unset.
+    with a stack of `len(shape)` slots (NULL, VALUE, ITER: an iterator over the tuple
+    passed, or EXIT: the result of calling the value passed) and the locals `unbound` unset.
+    The cells of `code` (co_cellvars + co_freevars) are arguments after the locals: the
+    prologue stores each into its cell slot (the resume code has them all as cell variables,
+    no free variables), so the resume function shares the frame's cell objects.
 
     `nested_call` (nested breaks): the byte offset of the call in `code` that inlined the
     frame which broke; `offset` is the instruction after it. The resume function then takes
@@ -113,7 +118,11 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
             continue
         if lasti is not None and k == n_stack - 1:
             prologue.append(lasti)
-        prologue.append(b.load_fast(stack_names[k]))
+        if kind == EXIT:
+            prologue += [*b.call_prefix(), b.load_fast(stack_names[k]), *b.call_infix(),
+                         *b.call(0)]
+        else:
+            prologue.append(b.load_fast(stack_names[k]))
         if kind == ITER:
             prologue.append(b.inst("GET_ITER"))
         k += 1
