@@ -328,3 +328,58 @@ def test_recursive_inner_function_gives_eager_values(capsys):
     cf = ferrodyn.compile(recursive_inner, backend=ours)
     for _ in range(2):
         _close(cf(x), recursive_inner(x))
+
+
+# -- closures are guarded by their code, not their identity (made per call) --------------------
+
+def make_named(name, scale):
+    def g(x):
+        return x * scale
+    g.__name__ = name            # as functools.wraps does
+    return g
+
+
+def reads_closure(x, g):
+    return g(x) + len(g.__name__)
+
+
+def test_closures_of_one_code_differ_in_name_and_cells():
+    ours = CountingBackend()
+    cf = ferrodyn.compile(reads_closure, backend=ours)
+    x = torch.randn(3)
+    for name, scale in (("a", 2.0), ("abc", 3.0), ("a", 5.0), ("abc", 3.0)):
+        g = make_named(name, scale)
+        _close(cf(x, g), reads_closure(x, g))
+    # one entry per (name, float in the cell): both are guarded; the closure's identity is not
+    assert ours.count == 3
+
+
+# -- calls that read their caller's frame are never run by the entry --------------------------
+
+def reads_locals(x):
+    y = x + 1
+    return sorted(locals())
+
+
+def make_reads_locals_after_break():
+    k = torch.ones(3)
+
+    def f(x):
+        y = x + k
+        print("break")       # the resume function's own frame holds k's cell: locals() sees k
+        return y, sorted(locals().items(), key=lambda kv: kv[0])
+
+    return f
+
+
+def evaluates(x):
+    y = x * 3
+    return eval("y + 1")
+
+
+def test_locals_and_eval_at_a_break_read_the_users_frame(capsys):
+    x = torch.randn(3)
+    for fn in (reads_locals, evaluates, make_reads_locals_after_break()):
+        cf = ferrodyn.compile(fn, backend=CountingBackend())
+        for _ in range(2):
+            _close(cf(x), fn(x))

@@ -429,6 +429,30 @@ def _noop_calls() -> frozenset:
     return frozenset({graph_break, getattr(torch._dynamo, "graph_break", graph_break)})
 
 
+def _frame_readers() -> dict:
+    """Builtins that read the frame calling them: run by the entry at a break, they would read
+    the entry's frame. callee -> fewest positional arguments that make it frame-independent
+    (None: never)."""
+    import inspect
+    return {locals: None, globals: None, sys._getframe: None, inspect.currentframe: None,
+            inspect.stack: None, vars: 1, dir: 1, super: 1, eval: 3, exec: 3}
+
+
+def _check_frame_reader(tx, callee, inst, exc: Unsupported) -> None:
+    v = tx.realize(callee) if callee is not None else None
+    fn = getattr(v, "fn", getattr(v, "value", None))  # a builtin's tracker, or an opaque one
+    try:
+        readers = _frame_readers()
+        if fn not in readers:
+            return
+    except TypeError:  # an unhashable callee
+        return
+    need = readers[fn]
+    n_pos = inst.arg - len(tx.kw_names) if inst.opname == "CALL" else -1
+    if need is None or n_pos < need:
+        _refuse(exc, f"{getattr(fn, '__name__', fn)}() reads the frame that calls it")
+
+
 def _graph_sets_grad(gm) -> bool:
     """Whether the captured graph switches grad mode itself (then the entry always sets the
     mode of the break)."""
@@ -519,6 +543,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
             noop = callee is not None and getattr(tx.realize(callee), "fn", None) in _noop_calls()
         except TypeError:  # an unhashable callee
             noop = False
+        _check_frame_reader(tx, callee, inst, exc)
     grad = torch.is_grad_enabled()
     set_grad = grad != grad_at_entry or _graph_sets_grad(result.graph)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used

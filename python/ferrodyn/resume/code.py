@@ -102,9 +102,12 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
     prologue = [b.resume()]
     prologue += [b.inst("DELETE_FAST", i) for i in sorted(unbound)]
     # The frame's cells are arguments (the very cell objects of the frame it continues, so
-    # that functions made before the break share them): each goes into its cell slot.
+    # that functions made before the break share them): each goes into its cell slot. The
+    # MAKE_CELL first (its cell is replaced at once) makes the slot one whose MAKE_CELL ran,
+    # so frame introspection (f_locals, locals()) reads the cell's contents, as in the original.
     for j, (name, slot) in enumerate(_cell_slots(code, len(b.varnames))):
-        prologue += [b.load_fast(cell_args[j]), b.inst("STORE_FAST", slot, argval=name)]
+        prologue += [b.inst("MAKE_CELL", slot, argval=name), b.load_fast(cell_args[j]),
+                     b.inst("STORE_FAST", slot, argval=name)]
     lasti = None
     if raise_at is not None:
         h = inst_at(insts, raise_at).exn
@@ -126,6 +129,8 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
         if kind == ITER:
             prologue.append(b.inst("GET_ITER"))
         k += 1
+    # the added arguments are gone, as in the original frame (its locals(), f_locals)
+    prologue += [b.inst("DELETE_FAST", b.local(n)) for n in cell_args + stack_names[:n_stack]]
     if nested_call is not None:
         prologue += [*b.call_prefix(), b.load_fast(_NESTED_FN), *b.call_infix(),
                      b.load_fast(_NESTED_ARGS), b.inst("CALL_FUNCTION_EX", 0),

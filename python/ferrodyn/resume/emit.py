@@ -4,8 +4,10 @@ Owns `emit_break` (see the package docstring): grad mode, the instruction run ea
 None for a no-op break marker), the resume function's call (or, for nested breaks, the
 root's, handed the inner levels' continuations), an exception from the instruction sent to
 the frame's own handler (`_on_exception`), and the resume function objects (one per
-(resume code, globals)). A resume function without closure is called through
-`_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame of fn. Does not own the graph call (codegen.py) or the resume code (code.py).
+(resume code, globals); never closures: the frame's cells are arguments). A resume function
+is called through `_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame
+of fn. Live autocast `with` blocks are entered for real around the breaking instruction.
+Does not own the graph call (codegen.py) or the resume code (code.py).
 """
 
 from __future__ import annotations

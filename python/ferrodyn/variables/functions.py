@@ -267,6 +267,8 @@ class UserFunctionVariable(InlinableFunction):
 
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            if self.by_code:  # another closure of the code may differ (functools.wraps)
+                return _lazy(getattr(self.fn, name), self._sub(name))
             return ConstantVariable(value=getattr(self.fn, name))
         if name == "__code__":
             if self.source is not None:  # `fn.__code__` is assignable: guard which code it is
