@@ -79,6 +79,21 @@ def test_cell_assigned_after_the_break(capsys):
     assert ours.count == theirs.count == 2
 
 
+def argument_cell_used_after(x, n):
+    def g():
+        return x * n
+    x = x.cos()
+    print("break")
+    x = x + n                  # the argument's cell, written and read in the resume function
+    n = n + 1
+    return g() + x
+
+
+def test_argument_cells_read_and_written_after_the_break(capsys):
+    ours, theirs = run_both(argument_cell_used_after, torch.randn(3), 2)
+    assert ours.count == theirs.count == 2
+
+
 def test_cell_that_is_an_argument(capsys):
     ours, theirs = run_both(cell_is_argument, torch.randn(3))
     assert ours.count == theirs.count == 2

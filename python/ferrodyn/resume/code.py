@@ -178,8 +178,8 @@ def _shift_cell_slots(insts, n_varnames: int, added: int) -> None:
     Instructions naming a slot (the deref family; the fast family on a cell slot: 3.12's
     inlined comprehensions, 3.13's LOAD_CLOSURE) get the new index."""
     for i in insts:
-        if i.opname in _DEREF_OPS or (i.opname in _FAST_OPS and i.arg >= n_varnames):
-            i.arg += added
+        if (i.opname in _DEREF_OPS or i.opname in _FAST_OPS) and i.arg >= n_varnames:
+            i.arg += added  # (an argument that is a cell keeps its slot among the locals)
         elif i.opname in _FAST_PAIR_OPS:  # 3.13: two 4-bit slot indexes
             hi, lo = i.arg >> 4, i.arg & 15
             hi, lo = (hi + added if hi >= n_varnames else hi), (lo + added if lo >= n_varnames else lo)
