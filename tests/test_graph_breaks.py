@@ -1,9 +1,9 @@
 """Graph breaks that resume (issue 8): every row of the issue's table compiled with ferrodyn
 and with torch.compile (CountingBackend on both) and compared with eager: results, gradients,
 grad mode, graph counts (at most torch.compile's) and captured ops (at least torch.compile's);
-breaks in loops, with new objects live across them, and the breaks that must not resume
-(frames with cell variables) still give eager's values. Aliased new objects, closures, try and
-`with` blocks: test_graph_breaks_{aliasing,closures,handlers}.py."""
+breaks in loops, with new objects live across them, and frames with cell variables. Aliased
+new objects, closures, try and `with` blocks: test_graph_breaks_{aliasing,closures,
+handlers,cells}.py."""
 
 import sys
 
@@ -239,13 +239,9 @@ def with_cell(x):
     return scale(x)
 
 
-def test_breaks_that_cannot_resume_exactly_run_eagerly():
-    x = torch.randn(3)
-    for fn in (with_cell,):
-        ours = CountingBackend()
-        got = ferrodyn.compile(fn, backend=ours)(x)
-        assert_close(got, fn(x))
-        assert ours.count == 1  # only the lambda's frame, compiled on its own
+def test_break_in_a_frame_with_a_cell_resumes():
+    ours, theirs = both(with_cell, torch.randn(3))  # tests/test_graph_breaks_cells.py
+    assert ours.count == theirs.count == 2
 
 
 def test_break_in_a_try_block_resumes():

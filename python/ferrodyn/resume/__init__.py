@@ -10,16 +10,20 @@ Owns (one module each: capture.py, code.py, emit.py, loops.py, stack_ops.py; re-
   `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
   as before) when it is not sure: an enclosing level's call inside a `try` or any `with`
   (the breaking level's `try`/`with` blocks are fine: an exception from the instruction run
-  at the break continues in a resume function starting at the frame's own handler), a live
-  autocast `with`, autocast changed, cell variables, an inlined closure, a new iterator
+  at the break continues in a resume function starting at the frame's own handler), an
+  autocast `with` around an enclosing level's call, autocast changed otherwise than by the
+  breaking level's live autocast `with` blocks (the graph exits those, the entry runs the
+  instruction inside them, the resume function enters them again), a new iterator
   reachable twice (new lists, dicts and sets live in two places are rebuilt once and
   referenced twice), a live value it cannot rebuild, an enclosing call that is not a plain
   call of a user function. Each resumed break is logged once on the `graph_breaks` channel.
 - `resume_code(code, offset, nulls, unbound)`: the resume function's code, built with
   `ferrodyn.bytecode` from the *original* code: a prologue takes every local of the original
-  (in co_varnames order) then the non-NULL stack values as positional arguments, deletes the
-  locals that were unbound, pushes the stack back (PUSH_NULL for NULLs) and jumps to
-  `offset`. Cached per (code, offset, stack shape, unbound locals), so recompiles reuse it.
+  (in co_varnames order), its cell objects (co_cellvars + co_freevars order: frames with cell
+  variables and closures, inlined or not, resume sharing their cells with the functions made
+  before the break), then the non-NULL stack values as positional arguments, deletes the
+  locals that were unbound, stores the cells into their slots, pushes the stack back
+  (PUSH_NULL for NULLs) and jumps to `offset`. Cached per (code, offset, stack shape, unbound locals), so recompiles reuse it.
   Resume functions are ordinary frames for the hook: they get their own cache entries.
 - `emit_break(emitter, brk)`: the entry's instructions after the graph call: set the grad
   mode of the break, push the resume function, the stack, run the instruction (a call, or the
@@ -41,7 +45,8 @@ Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's gra
 """
 
 from ferrodyn.resume.capture import (  # noqa: F401
-    GradModeRestore, GraphBreak, OuterFrame, breakable, capture_break, n_inputs, reset_state,
+    AutocastReenter, GradModeRestore, GraphBreak, OuterFrame, autocast_state, breakable,
+    capture_break, n_inputs, reset_state,
 )
 from ferrodyn.resume.code import (  # noqa: F401
     ITER, NULL, VALUE, _ORIGIN, _RESUME_CODES, origin, prologue_call, resume_code,

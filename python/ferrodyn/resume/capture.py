@@ -67,6 +67,68 @@ class GradModeRestore:
         return False
 
 
+class AutocastReenter:
+    """Stands for a live autocast `with` block's `__exit__` across a break (the graph before
+    the break exits it, the entry runs the breaking instruction inside a real one): the
+    resume prologue calls it, which enters the same autocast again (traced: the resume
+    function's graph enters it) and gives that context's `__exit__`, called where the
+    original's would be, with the original's semantics."""
+
+    def __init__(self, args: tuple):
+        self.args = args
+
+    def __call__(self):
+        ctx = torch.amp.autocast(*self.args)
+        ctx.__enter__()
+        return ctx.__exit__
+
+    def enter_real(self):
+        """The entry's: the context the breaking instruction runs in (exited after it)."""
+        ctx = torch.amp.autocast(*self.args)
+        ctx.__enter__()
+        return ctx
+
+    @staticmethod
+    def exit_real(ctx) -> None:
+        ctx.__exit__(None, None, None)
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple:
+    """Torch's autocast state (enabled and dtype per device, the cache flag): a break resumes
+    only where it is the entry's once the live autocast `with` blocks are exited."""
+    return (tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                  for d in _AUTOCAST_DEVICES), torch.is_autocast_cache_enabled())
+
+
+def _exit_live_autocasts(chain: list, n_in: int, exc: Unsupported) -> None:
+    """The breaking level's live autocast `with` blocks are exited at the end of the graph
+    (the entry and the resume function enter them again: AutocastReenter); one among the
+    instruction's inputs, or around an enclosing level's call, is refused."""
+    from ferrodyn.variables.ctx_managers import AutocastVariable
+    from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+
+    def live(t):
+        return [k for k, v in enumerate(t.stack)
+                if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf)
+                and v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable)]
+    if any(live(t) for t in chain[:-1]):
+        _refuse(exc, "an autocast `with` block encloses the call of an inlined function that breaks")
+    tx = chain[-1]
+    ks = live(tx)
+    if any(k >= len(tx.stack) - n_in for k in ks):
+        _refuse(exc, "an autocast `__exit__` among the breaking instruction's inputs")
+    for k in reversed(ks):
+        st = tx.stack[k].obj.state
+        if not st.entered:
+            _refuse(exc, "an autocast `__exit__` of a context that is not entered")
+        tx.output.create_node("call_function", torch.amp._exit_autocast, (st.node,), {})
+        st.real.__exit__(None, None, None)
+        st.entered = False
+
+
 # ---------------------------------------------------------------------------------------------
 # Capture (at trace time)
 # ---------------------------------------------------------------------------------------------
@@ -116,14 +178,17 @@ def _rebuild_value(tx, v, exc: Unsupported):
     """A tracker the entry can reconstruct standing for live value `v` (grad-mode exits and
     tensor methods become reconstructible stand-ins)."""
     from ferrodyn.variables.constant import ConstantVariable
-    from ferrodyn.variables.ctx_managers import GradModeVariable
+    from ferrodyn.variables.ctx_managers import AutocastVariable, GradModeVariable
     from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
     from ferrodyn.variables.tensor import TensorMethodVariable
 
     if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf):
         if v.func.name == "__exit__" and isinstance(v.obj, GradModeVariable):
             return ConstantVariable(value=GradModeRestore(bool(v.obj.state.prev)))
-        _refuse(exc, f"a live {v.describe()} (only grad-mode `with` blocks are re-entered)")
+        if v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable):
+            return ConstantVariable(value=AutocastReenter(tuple(v.obj.args)))
+        _refuse(exc, f"a live {v.describe()} (only grad-mode and autocast `with` blocks are "
+                     "re-entered)")
     if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again
         func, obj = v.func, v.obj
         return _Rebuilt(lambda tx2: OutCall(types.MethodType, (tx2.realize(func).reconstruct(tx2),
@@ -237,7 +302,8 @@ class _Level:
     """The live state of one frame at the break, before reconstruction."""
 
     def __init__(self, tx, exc: Unsupported, innermost: bool):
-        from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
+        from ferrodyn.variables.functions import (BoundMethodVariable, NestedFunctionVariable,
+                                                  UserFunctionVariable)
         self.tx = tx
         self.code, shift = origin(tx.code)
         inst = tx.instructions[tx.ip] if innermost else tx.current
@@ -247,15 +313,18 @@ class _Level:
             self.offset = prologue_call(tx.code)
             if self.offset is None or inst.opname != "CALL_FUNCTION_EX":
                 _refuse(exc, f"a break in the prologue of {tx.code.co_name}")
-        if self.code.co_cellvars:
-            _refuse(exc, f"{self.code.co_name} has cell variables (captured by an inner function)")
-        if self.code.co_freevars:
-            # the root's resume function is made per call with the frame's own cells; an
-            # inner level's is handed over as an argument, so it must be one object
-            if tx.parent is not None:
-                _refuse(exc, f"{self.code.co_name} is an inlined closure")
-            if len(self.code.co_varnames) + len(tx.stack) + 2 + len(self.code.co_freevars) > 255:
-                _refuse(exc, f"{self.code.co_name} has too many locals for its closure's slots")
+        # Cell and free variables: the resume function takes the cell objects themselves as
+        # arguments (after the locals), so functions made before the break and the resume
+        # function share them (CellVariable.reconstruct: a new cell is made once per call).
+        self.cells = []
+        for name in self.code.co_cellvars + self.code.co_freevars:
+            cell = tx.cells.get(name)
+            if cell is None or name in tx.locals:  # a comprehension's value in a cell's slot
+                _refuse(exc, f"the cell slot {name!r} of {self.code.co_name} holds no cell")
+            self.cells.append(cell)
+        n_cells = len(self.cells)
+        if n_cells and len(self.code.co_varnames) + 2 * n_cells + len(tx.stack) + 2 > 255:
+            _refuse(exc, f"{self.code.co_name} has too many locals for its cells' slots")
         if not innermost:
             # the call that inlined the next level must be a plain call of that function, so
             # that its result is exactly what the inner frames return
@@ -265,7 +334,7 @@ class _Level:
                 callee = tx.realize(callee.func)
             plain = inst.opname in ("CALL", "CALL_KW") or (
                 inst.opname == "CALL_FUNCTION_EX" and inst.offset < shift)  # a prologue's
-            if not (plain and isinstance(callee, UserFunctionVariable)):
+            if not (plain and isinstance(callee, (UserFunctionVariable, NestedFunctionVariable))):
                 _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
                              "inlines more than one plain call")
         levels = _with_levels(self.code, self.offset)
@@ -291,6 +360,7 @@ class _Level:
                     _refuse(exc, "an exception handler deeper than the stack below the break")
                 self.handler = (h.target.offset, h.depth, h.lasti)
         self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
+        self.locals += [_Rebuilt(lambda tx2, c=c: c.reconstruct(tx2)) for c in self.cells]
 
 
 # original code -> offsets of the breaks already logged there (the graph_breaks channel logs
@@ -320,6 +390,29 @@ def _log_break(levels: list, exc: Unsupported) -> None:
                            if isinstance(exc, Unsupported) else exc, stack)
 
 
+def _cell_contents(levels: list) -> list:
+    """The contents of the new cells the entry rebuilds (each once): the levels' own cells and
+    those of functions made in the frame that are live (their defaults too)."""
+    from ferrodyn.variables.functions import CellVariable, NestedFunctionVariable
+    from ferrodyn.variables.lists import TupleVariable
+    out, seen = [], set()
+    todo = [c for lv in levels for c in lv.cells]
+    todo += [v for lv in levels for v in [*lv.stack, *lv.locals]]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, TupleVariable):
+            todo += v.items
+        elif isinstance(v, NestedFunctionVariable) and id(v) not in seen:
+            seen.add(id(v))
+            todo += [*v.fclosure, *v.fdefaults, *v.fkwdefaults.values()]
+        elif isinstance(v, CellVariable) and id(v.state) not in seen:
+            seen.add(id(v.state))
+            if v.state.mutation_type is None and v.state.content is not None:
+                out.append(v.state.content)
+                todo.append(v.state.content)
+    return out
+
+
 def _is_grad_exit(v) -> bool:
     """Whether rebuilt value `v` stands for a grad-mode `with` block's `__exit__`."""
     return isinstance(getattr(v, "value", None), GradModeRestore)
@@ -344,6 +437,30 @@ def _noop_calls() -> frozenset:
     return frozenset({graph_break, getattr(torch._dynamo, "graph_break", graph_break)})
 
 
+def _frame_readers() -> dict:
+    """Builtins that read the frame calling them: run by the entry at a break, they would read
+    the entry's frame. callee -> fewest positional arguments that make it frame-independent
+    (None: never)."""
+    import inspect
+    return {locals: None, globals: None, sys._getframe: None, inspect.currentframe: None,
+            inspect.stack: None, vars: 1, dir: 1, super: 1, eval: 3, exec: 3}
+
+
+def _check_frame_reader(tx, callee, inst, exc: Unsupported) -> None:
+    v = tx.realize(callee) if callee is not None else None
+    fn = getattr(v, "fn", getattr(v, "value", None))  # a builtin's tracker, or an opaque one
+    try:
+        readers = _frame_readers()
+        if fn not in readers:
+            return
+    except TypeError:  # an unhashable callee
+        return
+    need = readers[fn]
+    n_pos = inst.arg - len(tx.kw_names) if inst.opname == "CALL" else -1
+    if need is None or n_pos < need:
+        _refuse(exc, f"{getattr(fn, '__name__', fn)}() reads the frame that calls it")
+
+
 def _graph_sets_grad(gm) -> bool:
     """Whether the captured graph switches grad mode itself (then the entry always sets the
     mode of the break)."""
@@ -353,7 +470,7 @@ def _graph_sets_grad(gm) -> bool:
     return False
 
 
-def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
+def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
                   grad_at_entry: bool | None = None) -> TraceResult:
     """The TraceResult of a frame that breaks at `tx.instructions[tx.ip]` (tx stopped just
     before it; tx's parents, if any, are inside the calls that inlined it). Re-raises `exc`
@@ -369,13 +486,14 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
     n_in = n_inputs(inst)
     if len(tx.stack) < n_in:
         _refuse(exc, "the stack is shorter than the instruction's inputs")
-    if torch.is_autocast_enabled() != autocast_at_entry:
-        _refuse(exc, "autocast state changed before the break")
     chain = []
     t = tx
     while t is not None:
         chain.insert(0, t)
         t = t.parent
+    _exit_live_autocasts(chain, n_in, exc)
+    if autocast_state() != autocast_at_entry:
+        _refuse(exc, "autocast state changed before the break")
     levels = [_Level(t, exc, t is tx) for t in chain]
     if any(lv.exits for lv in levels[:-1]):
         _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")
@@ -388,6 +506,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
         for v in [*lv.stack, *lv.locals]:
             if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
                 _mutable_identities(v, seen, lists, exc)
+    for v in _cell_contents(levels):  # new cells are rebuilt with their contents
+        _mutable_identities(v, seen, lists, exc)
     for v in seen.values():
         if isinstance(v, IteratorVariable):
             _check_iterator(v, lists, exc)
@@ -431,6 +551,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
             noop = callee is not None and getattr(tx.realize(callee), "fn", None) in _noop_calls()
         except TypeError:  # an unhashable callee
             noop = False
+        _check_frame_reader(tx, callee, inst, exc)
     grad = torch.is_grad_enabled()
     set_grad = grad != grad_at_entry or _graph_sets_grad(result.graph)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used

@@ -4,8 +4,10 @@ Owns `emit_break` (see the package docstring): grad mode, the instruction run ea
 None for a no-op break marker), the resume function's call (or, for nested breaks, the
 root's, handed the inner levels' continuations), an exception from the instruction sent to
 the frame's own handler (`_on_exception`), and the resume function objects (one per
-(resume code, globals)). A resume function without closure is called through
-`_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame of fn. Does not own the graph call (codegen.py) or the resume code (code.py).
+(resume code, globals); never closures: the frame's cells are arguments). A resume function
+is called through `_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame
+of fn. Live autocast `with` blocks are entered for real around the breaking instruction.
+Does not own the graph call (codegen.py) or the resume code (code.py).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from typing import Any
 import torch
 
 from ferrodyn import _C, bytecode
-from ferrodyn.resume.capture import GraphBreak
-from ferrodyn.resume.code import (ITER, NULL, VALUE, inst_at, jump_target_offset,
+from ferrodyn.resume.capture import AutocastReenter, GraphBreak
+from ferrodyn.resume.code import (EXIT, ITER, NULL, VALUE, inst_at, jump_target_offset,
                                   next_offset, resume_code)
 from ferrodyn.resume.stack_ops import STACK_OPS
-from ferrodyn.trace_result import Out, OutShared
+from ferrodyn.trace_result import Out, OutConst, OutShared
 
 _VERSION = sys.version_info[:2]
 
@@ -39,10 +41,8 @@ def _resume_function(e, brk, offset: int, shape: tuple[int, ...], nested_call: i
     key = (id(code), id(f_globals))
     fn = _RESUME_FUNCTIONS.get(key)
     if fn is None or fn.__code__ is not code or fn.__globals__ is not f_globals:
-        # a closure's stands for its code and globals: the entry makes one per call with the
-        # frame's cells (`_load_resume`); these empty cells are never read
-        cells = tuple(types.CellType() for _ in code.co_freevars) or None
-        fn = types.FunctionType(code, f_globals, code.co_name, None, cells)
+        # never a closure: the frame's cells are arguments (resume_code)
+        fn = types.FunctionType(code, f_globals, code.co_name)
         _RESUME_FUNCTIONS[key] = fn
     return fn
 
@@ -77,26 +77,10 @@ def _call_resume(e, brk, n_stack: int) -> None:
 
 
 def _load_resume(e, fn) -> None:
-    """The resume function as a callable (with its NULL). A closure's is made for this call
-    with the frame's own cells (`FunctionType(code, globals, name, None, cells)`), so that it
-    reads and writes the same cells as the frame it continues."""
-    code = fn.__code__
-    if not code.co_freevars:
-        # called through `_C.resume_call`: a hit of its cache runs the entry without a frame
-        # of the resume function (anything else calls fn itself)
-        e.load_callable(_C.resume_call(fn))
-        return
-    e.emit(*e.b.call_prefix())
-    e.load_callable(types.FunctionType)
-    e.load_value(code)
-    e.load_value(fn.__globals__)
-    e.load_value(code.co_name)
-    e.emit(e.b.load_const(None))
-    for j in range(len(code.co_freevars)):
-        e.emit(e.b.load_fast(e.cell_names[j]))
-    e.emit(e.inst("BUILD_TUPLE", len(code.co_freevars)))
-    e.call(5)
-    e.emit(*e.b.call_infix())
+    """The resume function as a callable (with its NULL), called through `_C.resume_call`: a
+    hit of its cache runs the entry without a frame of the resume function (anything else
+    calls fn itself). The frame's cells are among its arguments (`_push_locals`)."""
+    e.load_callable(_C.resume_call(fn))
 
 
 def _store(e, n: int) -> list[str]:
@@ -108,6 +92,7 @@ def _store(e, n: int) -> list[str]:
 
 
 def _push_locals(e, frame) -> None:
+    """The locals (co_varnames order), then the cells (co_cellvars + co_freevars order)."""
     for v in frame.locals:
         if v is None:
             e.emit(e.b.load_const(None))  # unbound: the prologue deletes it
@@ -134,8 +119,7 @@ def _continue(e, brk: GraphBreak, fn, n_stack: int) -> None:
         frame = brk.outer[depth]
         args = e.temp("nested")
         e.emit(e.b.store_fast(args))
-        shape = tuple(NULL if v is None else ITER if it else VALUE
-                      for v, it in zip(frame.stack, frame.iters))
+        shape = _shape(frame.stack, frame.iters)
         resume_fn = _resume_function(e, frame, next_offset(frame.code, frame.offset), shape,
                                      nested_call=frame.offset)
         if depth == 0:
@@ -151,6 +135,40 @@ def _continue(e, brk: GraphBreak, fn, n_stack: int) -> None:
             e.emit(e.inst("BUILD_TUPLE", n))
         inner_fn = resume_fn
     e.ret()
+
+
+def _shape(values, iters) -> tuple[int, ...]:
+    """The resume prologue's kind of each stack slot (resume_code)."""
+    return tuple(NULL if v is None else ITER if it else EXIT if _reenter(v) is not None
+                 else VALUE for v, it in zip(values, iters))
+
+
+def _reenter(o) -> AutocastReenter | None:
+    v = getattr(o, "value", None) if isinstance(o, OutConst) else None
+    return v if isinstance(v, AutocastReenter) else None
+
+
+def _enter_autocasts(e, brk: GraphBreak) -> list[str]:
+    """Enter, for real, the autocast `with` blocks live at the break (the graph exited them),
+    outermost first: the breaking instruction runs in them. Their contexts, in temps."""
+    temps = []
+    for o in brk.stack:
+        r = _reenter(o)
+        if r is not None:
+            e.load_callable(r.enter_real)
+            e.call(0)
+            temps.append(e.temp("autocast"))
+            e.emit(e.b.store_fast(temps[-1]))
+    return temps
+
+
+def _exit_autocasts(e, temps: list[str]) -> None:
+    """Exit them again, innermost first (the resume prologue enters them in its graph)."""
+    for t in reversed(temps):
+        e.load_callable(AutocastReenter.exit_real)
+        e.emit(e.b.load_fast(t))
+        e.call(1)
+        e.emit(e.inst("POP_TOP"))
 
 
 def _push(e, values) -> None:
@@ -193,8 +211,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
     lower, inputs = brk.stack[:n_low], brk.stack[n_low:]
     if any(brk.iters[n_low:]):
         raise TypeError("codegen: an iterator among a breaking instruction's inputs")
-    nulls = tuple(NULL if v is None else ITER if it else VALUE
-                  for v, it in zip(lower, brk.iters))
+    nulls = _shape(lower, brk.iters)
     n_lower = sum(1 for v in lower if v is not None)
     nested = bool(brk.outer)  # the resume function is an argument, not called here
     if brk.kind in ("call", "op"):
@@ -214,6 +231,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
                 e.emit(e.inst("PUSH_NULL"))
             else:
                 e.emit_out(v)
+        autocasts = _enter_autocasts(e, brk)
         start = len(e.insts)
         if op is not None:
             STACK_OPS[brk.opname].emit(e, brk.code, op)
@@ -222,24 +240,29 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         else:
             e.emit(e.inst(brk.opname, brk.arg))
         if brk.handler is not None:
-            _on_exception(e, brk, start)
-        elif brk.grad_on_error is not None:
-            _protect(e, start, brk.grad_on_error)
+            _on_exception(e, brk, start, autocasts)
+        elif brk.grad_on_error is not None or autocasts:
+            _protect(e, start, brk.grad_on_error, autocasts)
+        _exit_autocasts(e, autocasts)
         _continue(e, brk, fn, n_lower + n_out)
         return
     # a conditional jump on a value only known when the graph has run
     fn_next = _resume_function(e, brk, next_offset(brk.code, brk.offset), nulls)
     fn_jump = _resume_function(e, brk, jump_target_offset(brk.code, brk.offset), nulls)
     e.emit_out(inputs[0])
+    autocasts = _enter_autocasts(e, brk)
     start = len(e.insts)
     if _VERSION >= (3, 13):
         e.emit(e.inst("TO_BOOL"))
     jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
     e.emit(jump)
     if brk.handler is not None:  # the truth of the value can raise (a tensor of many items)
-        _on_exception(e, brk, start)
+        _on_exception(e, brk, start, autocasts)
+    elif autocasts:
+        _protect(e, start, brk.grad_on_error, autocasts)
     for k, fn in enumerate((fn_next, fn_jump)):
         first = len(e.insts)
+        _exit_autocasts(e, autocasts)
         if not nested:
             _load_resume(e, fn)
         _push(e, lower)
@@ -248,7 +271,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             jump.target = e.insts[first]
 
 
-def _on_exception(e, brk: GraphBreak, start: int) -> None:
+def _on_exception(e, brk: GraphBreak, start: int, autocasts: list[str] = ()) -> None:
     """An exception from the instructions since `start` (the one run at the break) continues
     in the frame's own handler, as in eager: the handler's resume function gets the stack
     below the handler's depth and the exception (and returns, or raises, what the frame
@@ -256,13 +279,13 @@ def _on_exception(e, brk: GraphBreak, start: int) -> None:
     handler starts with just the exception."""
     target, depth, _ = brk.handler
     below = brk.stack[:depth]
-    shape = tuple(NULL if v is None else ITER if it else VALUE
-                  for v, it in zip(below, brk.iters)) + (VALUE,)
+    shape = _shape(below, brk.iters) + (VALUE,)
     fn = _resume_function(e, brk, target, shape, raise_at=brk.offset)
     body, e.insts = e.insts, []
     exc_tmp = e.temp("exc")
     first = e.b.store_fast(exc_tmp)
     e.emit(first)
+    _exit_autocasts(e, autocasts)  # the handler's resume function enters them again
     if not brk.outer:
         _load_resume(e, fn)
     _push(e, below)
@@ -275,13 +298,16 @@ def _on_exception(e, brk: GraphBreak, start: int) -> None:
     e.tail += handler
 
 
-def _protect(e, start: int, grad_mode: bool) -> None:
+def _protect(e, start: int, grad_mode: bool | None, autocasts: list[str] = ()) -> None:
     """An exception from the instructions since `start` leaves grad mode as the enclosing
-    `with` blocks would (`grad_mode`), then propagates."""
+    `with` blocks would (`grad_mode`), and exits the autocast contexts entered for them,
+    then propagates."""
     handler = [e.inst("PUSH_EXC_INFO")]
     e_insts = e.insts
     e.insts = handler
-    _set_grad(e, grad_mode)
+    _exit_autocasts(e, autocasts)
+    if grad_mode is not None:
+        _set_grad(e, grad_mode)
     e.insts = e_insts
     handler.append(e.inst("RERAISE", 0))
     cleanup = [e.inst("COPY", 3), e.inst("POP_EXCEPT"), e.inst("RERAISE", 1)]

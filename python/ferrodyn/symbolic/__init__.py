@@ -65,7 +65,8 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
                   for i, v in enumerate(args)}
     def run(stop_at=None):
         output = OutputGraph(f_globals, f_builtins)
-        grad, autocast = torch.is_grad_enabled(), torch.is_autocast_enabled()
+        from ferrodyn.resume import autocast_state
+        grad, autocast = torch.is_grad_enabled(), autocast_state()
         # Each trace (a restart too) starts from the frame's values: cells are tracked afresh
         # by this trace's side-effects table, so a first trace's cell writes are not seen.
         tx = InstructionTranslator(code, f_globals, output, dict(local_vars), {}, GlobalSource)

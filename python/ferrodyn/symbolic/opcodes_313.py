@@ -111,7 +111,7 @@ def _kwdefaults(tx, v):
 
 
 def _annotations(tx, v):
-    return {}  # not needed to run the body (as on 3.11/3.12)
+    return {"fannotations": v}  # kept to rebuild the function (as on 3.11/3.12)
 
 
 def _closure(tx, v):

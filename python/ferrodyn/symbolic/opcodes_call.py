@@ -67,10 +67,10 @@ def MAKE_FUNCTION(tx, inst):
     code = tx.pop().as_python_constant()
     flags = inst.arg
     closure = tuple(tx.pop().unpack(tx)) if flags & 0x08 else ()
-    if flags & 0x04:
-        tx.pop()  # annotations: not needed to run the body
+    annotations = tx.pop() if flags & 0x04 else None  # kept to rebuild the function
     kwdefaults = dict(tx.pop().state.items) if flags & 0x02 else {}
     defaults = tuple(tx.pop().unpack(tx)) if flags & 0x01 else ()
     tx.push(NestedFunctionVariable(fcode=code, globals_dict=tx.f_globals,
                                    globals_resolver=tx.globals_source, fdefaults=defaults,
-                                   fkwdefaults=kwdefaults, fclosure=closure))
+                                   fkwdefaults=kwdefaults, fclosure=closure,
+                                   fannotations=annotations))

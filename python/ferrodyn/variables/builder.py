@@ -17,6 +17,7 @@ refused (they could not be loaded as graph inputs).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import enum
 import logging
@@ -35,7 +36,7 @@ from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
 from ferrodyn.variables.builtins import BuiltinVariable, is_builtin_like
 from ferrodyn.variables.constant import ConstantVariable, is_constant_value
 from ferrodyn.variables.dicts import DictState, DictVariable
-from ferrodyn.variables.functions import UserFunctionVariable, BoundMethodVariable
+from ferrodyn.variables.functions import UserFunctionVariable, BoundMethodVariable, build_cell
 from ferrodyn.variables.lists import ListState, ListVariable, TupleVariable
 from ferrodyn.variables.nn_module import NNModuleVariable
 from ferrodyn.variables.tensor import TensorVariable
@@ -183,6 +184,8 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
             keywords={k: LazyVariable(source=ItemSource(kw_src, k), value=v)
                       for k, v in value.keywords.items()})
     var = _build_constant_object(value, source)
+    if isinstance(var, UserFunctionVariable) and value.__closure__:
+        return _closure_by_code(tx, var, value, source)
     if var is not None:
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return var
@@ -196,6 +199,28 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     from ferrodyn.variables.functions import OpaqueVariable
     _guard(tx, source, GuardKind.TYPE_MATCH, t)
     return OpaqueVariable(source=source, value=value)
+
+
+def _closure_by_code(tx, var, fn, source):
+    """A closure (made per call: a function defined in the frame, handed to a resume function
+    after a graph break) is guarded by what the trace reads of it, not by identity: its code,
+    globals and the shape of its defaults (their values and the cells' contents are guarded
+    through their Sources when used). Its identity is never baked in (`by_code`)."""
+    _guard(tx, source, GuardKind.TYPE_MATCH, types.FunctionType)
+    _guard(tx, AttrSource(source, "__code__"), GuardKind.ID_MATCH, fn.__code__)
+    _guard(tx, AttrSource(source, "__globals__"), GuardKind.ID_MATCH, fn.__globals__)
+    defaults, kwdefaults = AttrSource(source, "__defaults__"), AttrSource(source, "__kwdefaults__")
+    if fn.__defaults__ is None:
+        _guard(tx, defaults, GuardKind.NONE)
+    else:
+        _guard(tx, defaults, GuardKind.TYPE_MATCH, tuple)
+        _guard(tx, defaults, GuardKind.LENGTH, len(fn.__defaults__))
+    if fn.__kwdefaults__ is None:
+        _guard(tx, kwdefaults, GuardKind.NONE)
+    else:
+        _guard(tx, kwdefaults, GuardKind.TYPE_MATCH, dict)
+        _guard(tx, kwdefaults, GuardKind.DICT_KEYS, tuple(fn.__kwdefaults__))
+    return dataclasses.replace(var, by_code=True)
 
 
 # ---- object-model types (objmodel): type -> builder(tx, value, source) or None ---------------
@@ -230,6 +255,7 @@ _OBJECT_MODEL_BUILDERS = {
     types.MappingProxyType: _build_mappingproxy,
     resume.LoopRest: resume.build_loop_rest,  # a for loop's iterator handed to a resume function
     functools._lru_cache_wrapper: _build_lru_wrapper,
+    types.CellType: build_cell,  # a resume function takes the cells of the frame it continues
 }
 
 

@@ -4,7 +4,9 @@ and closure cells; plus argument binding.
 
 Owns how a call binds arguments to a code object's parameters (positional, keyword, defaults,
 `*args`, `**kwargs`) and hands the body to the translator for inlining; `CellVariable` (a
-closure cell whose contents live in a shared `CellState`). Does not own running the inlined
+closure cell whose contents live in a shared `CellState`); rebuilding a function made in the
+frame and its new cells in the entry, once per call (`make_function`: graph breaks hand them
+to resume functions, and frames return them). Does not own running the inlined
 body (symbolic/inline.py) or torch functions (torch_fns.py).
 """
 
@@ -59,6 +61,21 @@ class CellVariable(VariableTracker):
             st.side_effects.store_cell(st.cell_out, value)
         st.content = value
 
+    def reconstruct(self, tx):
+        """The cell object itself (graph breaks hand a frame's cells to its resume function):
+        an existing cell through the Out that reaches it; a cell made in the frame, once per
+        entry call (every function closing over it, and the resume function, get that one
+        object) with its contents at the break."""
+        from ferrodyn.trace_result import OutCall
+        st = self.state
+        if st.mutation_type is not None:
+            if st.cell_out is None:
+                unsupported("a cell that cannot be reached from the frame", BreakReason.OTHER)
+            return st.cell_out
+        content = st.content
+        return tx.output.side_effects.shared(st, lambda: OutCall(types.CellType, (
+            () if content is None else (tx.realize(content).reconstruct(tx),))))
+
 
 def existing_cell(tx, cell: types.CellType, cell_source: Source | None,
                   content_source: Source | None = None, cell_out: Any = None) -> "CellVariable":
@@ -67,7 +84,7 @@ def existing_cell(tx, cell: types.CellType, cell_source: Source | None,
     from ferrodyn.side_effects import MutationType
     from ferrodyn.trace_result import OutSource
     table = tx.output.side_effects
-    hit = table.tracked(cell, None)
+    hit = table.tracked(cell, cell_source)  # one cell reached two ways: the aliasing guard
     if hit is not None:
         return hit
     if content_source is None and cell_source is not None:
@@ -79,7 +96,15 @@ def existing_cell(tx, cell: types.CellType, cell_source: Source | None,
     if cell_out is None and cell_source is not None:
         cell_out = OutSource(cell_source)
     var = CellVariable(state=CellState(content, MutationType.EXISTING, table, cell_out))
-    return table.track(cell, None, var)
+    return table.track(cell, cell_source, var)
+
+
+def build_cell(tx, cell: types.CellType, source: Source) -> "CellVariable":
+    """The builder's entry for a cell object read from the frame (a resume function's
+    argument: the cell of the frame it continues)."""
+    from ferrodyn.guard_spec import GuardKind
+    tx.output.install_guard(source, GuardKind.TYPE_MATCH, types.CellType)
+    return existing_cell(tx, cell, source)
 
 
 # ---- binding -------------------------------------------------------------------------------
@@ -197,6 +222,7 @@ class UserFunctionVariable(InlinableFunction):
     """A real Python function object (read from globals, attributes, closures...)."""
 
     fn: types.FunctionType = None  # type: ignore[assignment]
+    by_code: bool = False  # a closure guarded by its code, not its identity (builder.py)
 
     def code(self):
         return self.fn.__code__
@@ -205,6 +231,8 @@ class UserFunctionVariable(InlinableFunction):
         return ("obj", id(self.fn))
 
     def as_python_constant(self):
+        if self.by_code:  # another call's closure passes the same guards
+            unsupported(f"closure {self.fn.__qualname__} as a constant", BreakReason.OTHER)
         return self.fn
 
     def fn_globals(self):
@@ -241,6 +269,8 @@ class UserFunctionVariable(InlinableFunction):
 
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            if self.by_code:  # another closure of the code may differ (functools.wraps)
+                return _lazy(getattr(self.fn, name), self._sub(name))
             return ConstantVariable(value=getattr(self.fn, name))
         if name == "__code__":
             if self.source is not None:  # `fn.__code__` is assignable: guard which code it is
@@ -292,9 +322,28 @@ class NestedFunctionVariable(InlinableFunction):
     fdefaults: tuple = ()
     fkwdefaults: dict = field(default_factory=dict)
     fclosure: tuple = ()
+    fannotations: Any = None  # MAKE_FUNCTION's annotations tuple (name, value, ...), or None
 
     def code(self):
         return self.fcode
+
+    def reconstruct(self, tx):
+        """The function object, made once per entry call (graph breaks: a function made before
+        the break and live after it) with the same cells as the frame's (CellVariable)."""
+        from ferrodyn.trace_result import OutCall, OutConst, OutTuple
+
+        def part(v):
+            return tx.realize(v).reconstruct(tx)
+
+        def build():
+            kw = tuple(self.fkwdefaults)
+            return OutCall(make_function, (
+                OutConst(self.fcode), OutConst(self.globals_dict),
+                OutTuple(tuple(part(v) for v in self.fdefaults)),
+                OutConst(kw), OutTuple(tuple(part(self.fkwdefaults[k]) for k in kw)),
+                OutConst(None) if self.fannotations is None else part(self.fannotations),
+                OutTuple(tuple(part(c) for c in self.fclosure))))
+        return tx.output.side_effects.shared(self, build)
 
     def fn_globals(self):
         return self.globals_dict
@@ -316,6 +365,16 @@ class NestedFunctionVariable(InlinableFunction):
         if getter is not None:
             return getter(self)
         return super().var_getattr(tx, name)
+
+
+def make_function(code, f_globals, defaults, kw_names, kw_values, annotations, closure):
+    """What MAKE_FUNCTION makes (the entry rebuilds a NestedFunctionVariable with it)."""
+    fn = types.FunctionType(code, f_globals, None, defaults or None, closure or None)
+    if kw_names:
+        fn.__kwdefaults__ = dict(zip(kw_names, kw_values))
+    if annotations is not None:
+        fn.__annotations__ = dict(zip(annotations[::2], annotations[1::2]))
+    return fn
 
 
 def _none_or(value, make):

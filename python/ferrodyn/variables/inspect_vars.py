@@ -23,11 +23,11 @@ from ferrodyn.variables.constant import ConstantVariable
 def _function_signature(tx, fn: VariableTracker) -> inspect.Signature:
     from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
     fn = tx.realize(fn)
-    if isinstance(fn, UserFunctionVariable):
+    if isinstance(fn, UserFunctionVariable) and not fn.by_code:  # (a closure: unguarded)
         return inspect.signature(fn.fn)
     if isinstance(fn, BoundMethodVariable):
         func = tx.realize(fn.func)
-        if isinstance(func, UserFunctionVariable) and \
+        if isinstance(func, UserFunctionVariable) and not func.by_code and \
                 isinstance(inspect.getattr_static(func.fn, "__signature__", None), type(None)):
             sig = inspect.signature(func.fn)
             params = list(sig.parameters.values())
