@@ -26,8 +26,14 @@ from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind, GuardSpec
 from ferrodyn.side_effects import SideEffects, unshare
 from ferrodyn.source import Source
-from ferrodyn.trace_result import OutGraph, OutSource, TraceResult
+from ferrodyn.trace_result import OutCall, OutConst, OutGraph, OutSource, TraceResult
 from ferrodyn.variables.base import VariableTracker, unsupported
+
+
+def _is_grad_switch(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch._C._set_grad_enabled
+            and len(node.args) == 1 and not node.kwargs and type(node.args[0]) is bool
+            and not node.users)
 
 
 class OutputGraph:
@@ -53,6 +59,7 @@ class OutputGraph:
         self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
+        self.grad_at_start = torch.is_grad_enabled()  # the frame's (guarded) grad mode
         # calls made for their effect only (`warnings.warn`), replayed by the entry after the
         # graph, in program order: (function, argument trackers, keyword names)
         self.install_guard(None, GuardKind.GLOBAL_STATE)
@@ -145,7 +152,12 @@ class OutputGraph:
             return fn()
 
     # -- result ---------------------------------------------------------------------------
-    def build_result(self, tx: Any, value: VariableTracker) -> TraceResult:
+    def build_result(self, tx: Any, value: VariableTracker, *,
+                     entry_sets_grad: bool = False) -> TraceResult:
+        """The TraceResult of the capture, `value` its return value. A graph whose only ops
+        are grad-mode switches is not a graph: its switches are erased and the entry sets the
+        mode they leave behind (a first side effect; or, `entry_sets_grad`, the entry of a
+        graph break sets the mode of the break itself)."""
         outputs: list[torch.fx.Node] = []
         index_of: dict[torch.fx.Node, int] = {}
 
@@ -161,6 +173,9 @@ class OutputGraph:
         out = value.reconstruct(tx)
         (out,), effects = self.side_effects.replay(tx, (out,))
         out, *effects = unshare((out, *effects))
+        mode = self._drop_grad_switches()
+        if mode is not None and not entry_sets_grad:
+            effects.insert(0, OutCall(torch._C._set_grad_enabled, (OutConst(mode),)))
         self.graph.output(tuple(outputs))
         self.graph.lint()
         mutates = self._mutates_inputs()
@@ -173,6 +188,34 @@ class OutputGraph:
                            example_inputs=list(self.example_inputs), output=out,
                            guards=list(self.guards.values()), notes=list(self.notes),
                            side_effects=tuple(effects), graph_has_effects=mutates)
+
+    def _drop_grad_switches(self) -> bool | None:
+        """Erase the grad-mode switches no op can observe (as torch's `cleanup_graph`, and
+        its coalescing of switches to the current mode): one to the mode already set (from
+        the frame's mode, which the guards fix), and one the next op of the graph overrides
+        (another switch). When only switches remain, erase them too and return the mode
+        they leave behind (the entry sets it instead); else None."""
+        mode, pending = self.grad_at_start, None  # the mode ops run under; a switch no op saw
+        kept = []
+        for n in [n for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module")]:
+            if not _is_grad_switch(n):
+                if pending is not None:
+                    mode, pending = pending.args[0], None
+                kept.append(n)
+                continue
+            if pending is not None:  # overridden before any op ran under it
+                self.graph.erase_node(pending)
+                kept.remove(pending)
+                pending = None
+            if n.args[0] == mode:
+                self.graph.erase_node(n)
+            else:
+                pending = n
+                kept.append(n)
+        if kept != [pending] or pending is None:
+            return None
+        self.graph.erase_node(pending)
+        return pending.args[0]
 
     def _mutates_inputs(self) -> bool:
         """Whether an in-place op of the graph writes to the storage of a graph input."""

@@ -397,7 +397,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
     # instruction runs; the replay reads every live value first (it is its `before`), so a
     # live value is what it was at the break even when an effect changes where it came from.
     try:
-        result = tx.output.build_result(chain[0], _Live(items=()))
+        result = tx.output.build_result(chain[0], _Live(items=()), entry_sets_grad=True)
     except Unsupported as e:
         _refuse(exc, f"cannot rebuild a live value: {e.construct}")
     if isinstance(result.output, OutShared):  # materialised once, before the effects
