@@ -215,8 +215,8 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             e.call(brk.arg, brk.kw_names)
         else:
             e.emit(e.inst(brk.opname, brk.arg))
-        if brk.handler is not None:
-            _on_exception(e, brk, start)
+        if _handling_level(brk) is not None:
+            _on_exception(e, _handling_level(brk), start)
         elif brk.grad_on_error is not None:
             _protect(e, start, brk.grad_on_error)
         _continue(e, brk, fn, n_lower + 1)
@@ -230,8 +230,8 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         e.emit(e.inst("TO_BOOL"))
     jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
     e.emit(jump)
-    if brk.handler is not None:  # the truth of the value can raise (a tensor of many items)
-        _on_exception(e, brk, start)
+    if _handling_level(brk) is not None:  # the truth of the value can raise (a tensor of many items)
+        _on_exception(e, _handling_level(brk), start)
     for k, fn in enumerate((fn_next, fn_jump)):
         first = len(e.insts)
         if not nested:
@@ -240,6 +240,22 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         _continue(e, brk, fn, n_lower)
         if k == 1:
             jump.target = e.insts[first]
+
+
+def _handling_level(brk: GraphBreak) -> GraphBreak | None:
+    """The level whose handler an exception from the instruction run at the break reaches
+    first (the breaking level's, else the innermost enclosing level's with a handler around
+    its call: the levels inside it have none, so CPython just leaves their frames), as a
+    GraphBreak whose `outer` are the levels around it; None when no level has one."""
+    if brk.handler is not None:
+        return brk
+    for k in range(len(brk.outer) - 1, -1, -1):
+        f = brk.outer[k]
+        if f.handler is not None:
+            return dataclasses.replace(brk, code=f.code, offset=f.offset, f_globals=f.f_globals,
+                                       stack=f.stack, iters=f.iters, locals=f.locals,
+                                       outer=brk.outer[:k], handler=f.handler)
+    return None
 
 
 def _on_exception(e, brk: GraphBreak, start: int) -> None:
