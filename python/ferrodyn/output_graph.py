@@ -8,7 +8,9 @@ does; the capture's `ShapeRecord` rides on the GraphModule's meta), the guards i
 tracing (deduplicated, in order), the per-Source tracker cache, the SideEffects table
 (side_effects.py: identity of mutable objects, mutations to replay; its aliasing guard is
 installed here), real global state entered while tracing (grad mode,
-autocast) and its restoration, and turning the frame's return tracker into a `TraceResult`.
+autocast) and its restoration, the grad-mode switches of the graph (those no op observes
+are erased; a graph of switches alone is no graph: the entry sets the mode they leave), and
+turning the frame's return tracker into a `TraceResult`.
 Does not own: how trackers are built (variables/builder.py), which guards a value needs
 (builder.py decides on use), compiling the graph or the guards (frontend).
 """
@@ -195,9 +197,12 @@ class OutputGraph:
         the frame's mode, which the guards fix), and one the next op of the graph overrides
         (another switch). When only switches remain, erase them too and return the mode
         they leave behind (the entry sets it instead); else None."""
+        ops = [n for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+        if any(n.target is torch._C._set_grad_enabled and not _is_grad_switch(n) for n in ops):
+            return None  # a switch to a mode not known here: leave them all
         mode, pending = self.grad_at_start, None  # the mode ops run under; a switch no op saw
         kept = []
-        for n in [n for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module")]:
+        for n in ops:
             if not _is_grad_switch(n):
                 if pending is not None:
                     mode, pending = pending.args[0], None

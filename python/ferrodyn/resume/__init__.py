@@ -8,9 +8,10 @@ Owns (one module each: capture.py, code.py, emit.py, loops.py; re-exported here)
   level) says how the entry continues: the live stack (NULLs included) and locals as `Out`
   specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
   `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
-  as before) when it is not sure: an enclosing level's call inside a `try` or any `with`
-  (the breaking level's `try`/`with` blocks are fine: an exception from the instruction run
-  at the break continues in a resume function starting at the frame's own handler), a live
+  as before) when it is not sure: a level inside an exception handler's body (`try` and
+  `with` blocks around any level are fine: an exception from the instruction run at the
+  break continues in a resume function starting at the innermost level's handler, and an
+  enclosing level's resume prologue makes its call under the handler around it), a live
   autocast `with`, autocast changed, cell variables, an inlined closure, a new iterator
   reachable twice (new lists, dicts and sets live in two places are rebuilt once and
   referenced twice), a live value it cannot rebuild, an enclosing call that is not a plain
