@@ -40,19 +40,30 @@ class Sink:
         self.out.append(s)
 
 
-def torch_counts(fn, calls, nested=(False, True)):
-    """torch.compile's graph counts for `calls` (a function running the compiled fn), with
-    nested_graph_breaks off (its default) and on (it changes nothing for a root frame's
+def torch_backends(fn, calls, nested=(False, True)):
+    """torch.compile's backends (graphs) for `calls` (a function running the compiled fn),
+    with nested_graph_breaks off (its default) and on (it changes nothing for a root frame's
     break: `nested=(False,)`)."""
-    counts = []
+    backends = []
     for nested in nested:
         torch._dynamo.reset()
         backend = CountingBackend()
         with torch._dynamo.config.patch(nested_graph_breaks=nested):
             calls(torch.compile(fn, backend=backend))
-        counts.append(backend.count)
+        backends.append(backend)
     torch._dynamo.reset()
-    return counts
+    return backends
+
+
+def torch_counts(fn, calls, nested=(False, True)):
+    return [b.count for b in torch_backends(fn, calls, nested)]
+
+
+def ops_but_switches(backend):
+    """The ops of every graph, grad-mode switches left out, in a canonical order."""
+    return sorted(str(n.target) for gm in backend.graphs for n in gm.graph.nodes
+                  if n.op in ("call_function", "call_method")
+                  and n.target is not torch._C._set_grad_enabled)
 
 
 def assert_same(got, want):
@@ -127,8 +138,10 @@ def test_grad_mode_block_around_a_break(fn, grad):
     assert torch.is_grad_enabled()
     assert not any(_grad_switches_only(gm) for gm in ours.graphs)
     torch.manual_seed(0)
-    theirs = torch_counts(fn, calls, nested=(False, True) if "nested" in fn.__name__ else (False,))
-    assert ours.count <= min(theirs), (ours.count, theirs)
+    theirs = torch_backends(fn, calls, nested=(False, True) if "nested" in fn.__name__ else (False,))
+    assert ours.count <= min(b.count for b in theirs), (ours.count, [b.count for b in theirs])
+    # the same ops as torch.compile's graphs with nested breaks (where they matter)
+    assert ops_but_switches(ours) == ops_but_switches(theirs[-1])
 
 
 def only_switches(x):
@@ -174,6 +187,18 @@ def test_switches_no_op_observes_are_erased():
     (gm,) = ours.graphs
     # the no_grad block around nothing and enable_grad under grad mode change nothing
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [operator.mul]
+
+
+def test_the_graph_before_a_break_ends_in_no_switch(capsys):
+    ours = CountingBackend()
+    fn = globals()["no_grad_nested_after_ops"]
+    x = torch.randn(3, requires_grad=True)
+    assert_same(ferrodyn.compile(fn, backend=ours)(x, Sink()), fn(x, Sink()))
+    first, second = ours.graphs
+    # entering no_grad is the entry's (it sets the mode of the break after the graph)
+    assert [n.target for n in first.graph.nodes if n.op == "call_function"] == [operator.mul]
+    assert [getattr(n.target, "__name__", n.target) for n in second.graph.nodes
+            if n.op in ("call_function", "call_method")] == ["sin", "_set_grad_enabled", "add"]
 
 
 # ---------------------------------------------------------------------------------------------

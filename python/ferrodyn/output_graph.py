@@ -158,8 +158,9 @@ class OutputGraph:
                      entry_sets_grad: bool = False) -> TraceResult:
         """The TraceResult of the capture, `value` its return value. A graph whose only ops
         are grad-mode switches is not a graph: its switches are erased and the entry sets the
-        mode they leave behind (a first side effect; or, `entry_sets_grad`, the entry of a
-        graph break sets the mode of the break itself)."""
+        mode they leave behind (a first side effect). `entry_sets_grad`: the entry of a graph
+        break, which sets the mode of the break itself after the graph (so a last switch of
+        the graph is erased too, as torch's graphs end in the frame's mode)."""
         outputs: list[torch.fx.Node] = []
         index_of: dict[torch.fx.Node, int] = {}
 
@@ -175,7 +176,7 @@ class OutputGraph:
         out = value.reconstruct(tx)
         (out,), effects = self.side_effects.replay(tx, (out,))
         out, *effects = unshare((out, *effects))
-        mode = self._drop_grad_switches()
+        mode = self._drop_grad_switches(entry_sets_grad)
         if mode is not None and not entry_sets_grad:
             effects.insert(0, OutCall(torch._C._set_grad_enabled, (OutConst(mode),)))
         self.graph.output(tuple(outputs))
@@ -191,12 +192,13 @@ class OutputGraph:
                            guards=list(self.guards.values()), notes=list(self.notes),
                            side_effects=tuple(effects), graph_has_effects=mutates)
 
-    def _drop_grad_switches(self) -> bool | None:
+    def _drop_grad_switches(self, trailing: bool) -> bool | None:
         """Erase the grad-mode switches no op can observe (as torch's `cleanup_graph`, and
         its coalescing of switches to the current mode): one to the mode already set (from
         the frame's mode, which the guards fix), and one the next op of the graph overrides
-        (another switch). When only switches remain, erase them too and return the mode
-        they leave behind (the entry sets it instead); else None."""
+        (another switch). The last switch after the last op is erased when `trailing` (the
+        entry sets the mode after the graph) or when no op is left; then the mode it set
+        is returned when no op is left (the entry sets it instead); else None."""
         ops = [n for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
         if any(n.target is torch._C._set_grad_enabled and not _is_grad_switch(n) for n in ops):
             return None  # a switch to a mode not known here: leave them all
@@ -217,10 +219,11 @@ class OutputGraph:
             else:
                 pending = n
                 kept.append(n)
-        if kept != [pending] or pending is None:
+        if pending is None or not (trailing or kept == [pending]):
             return None
         self.graph.erase_node(pending)
-        return pending.args[0]
+        kept.remove(pending)
+        return None if kept else pending.args[0]
 
     def _mutates_inputs(self) -> bool:
         """Whether an in-place op of the graph writes to the storage of a graph input."""

@@ -346,7 +346,8 @@ def _noop_calls() -> frozenset:
 
 def _graph_sets_grad(gm) -> bool:
     """Whether the captured graph switches grad mode itself (then the entry always sets the
-    mode of the break)."""
+    mode of the break: the graph may leave another; its last switch, after its last op, is
+    erased, the entry's setting standing for it: `OutputGraph.build_result`)."""
     for n in getattr(getattr(gm, "graph", None), "nodes", ()):
         if n.op in ("call_function", "call_method") and "grad" in getattr(n.target, "__name__", str(n.target)):
             return True
