@@ -396,10 +396,21 @@ def test_nested_break_inside_enclosing_block(fn, capsys):
     assert ours.count <= min(theirs) or max(theirs) == 0, (ours.count, theirs)
 
 
-def test_enclosing_try_in_a_loop(capsys):
-    compiled = ferrodyn.compile(in_a_loop, backend=CountingBackend())
+def loop_in_try(x, sink, log, late):
+    try:
+        for i in range(2):
+            x = breaks(x, sink, late) * (i + 1)
+            log.append(i)
+    except (ValueError, KeyError) as e:
+        log.append(("except", type(e).__name__))
+    return x
+
+
+@pytest.mark.parametrize("fn", [in_a_loop, loop_in_try], ids=lambda f: f.__name__)
+def test_enclosing_try_and_a_loop(fn, capsys):
+    compiled = ferrodyn.compile(fn, backend=CountingBackend())
     for fail, late in [(False, False), (True, False), (False, True), (False, False)]:
-        assert_same(outcome(compiled, fail, late), outcome(in_a_loop, fail, late))
+        assert_same(outcome(compiled, fail, late), outcome(fn, fail, late))
 
 
 def test_handler_and_finally_run_once_for_an_error_after_the_break(capsys):

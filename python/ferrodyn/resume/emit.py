@@ -3,8 +3,8 @@
 Owns `emit_break` (see the package docstring): grad mode, the instruction run eagerly (or
 None for a no-op break marker), the resume function's call (or, for nested breaks, the
 root's, handed the inner levels' continuations), an exception from the instruction sent to
-the frame's own handler (`_on_exception`), and the resume function objects (one per
-(resume code, globals)). A resume function without closure is called through
+the frame's own handler, or the innermost enclosing level's (`_on_exception`), and the
+resume function objects (one per (resume code, globals)). A resume function without closure is called through
 `_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame of fn. Does not own the graph call (codegen.py) or the resume code (code.py).
 """
 
@@ -215,8 +215,9 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             e.call(brk.arg, brk.kw_names)
         else:
             e.emit(e.inst(brk.opname, brk.arg))
-        if _handling_level(brk) is not None:
-            _on_exception(e, _handling_level(brk), start)
+        handling = _handling_level(brk)
+        if handling is not None:
+            _on_exception(e, handling, start)
         elif brk.grad_on_error is not None:
             _protect(e, start, brk.grad_on_error)
         _continue(e, brk, fn, n_lower + 1)
@@ -230,8 +231,9 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         e.emit(e.inst("TO_BOOL"))
     jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
     e.emit(jump)
-    if _handling_level(brk) is not None:  # the truth of the value can raise (a tensor of many items)
-        _on_exception(e, _handling_level(brk), start)
+    handling = _handling_level(brk)
+    if handling is not None:  # the truth of the value can raise (a tensor of many items)
+        _on_exception(e, handling, start)
     for k, fn in enumerate((fn_next, fn_jump)):
         first = len(e.insts)
         if not nested:
