@@ -419,7 +419,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
         iters = tuple(isinstance(v, IteratorVariable) for v in lv.stack)
         local_outs = tuple(None if v is None else next(outs) for v in lv.locals)
         frames.append(OuterFrame(lv.code, lv.offset, lv.tx.f_globals, stack_outs, iters, local_outs,
-                                 lv.handler))
+                                 handler=lv.handler))
     f = frames[-1]
     if any(f.iters[len(f.stack) - n_in:]):
         _refuse(exc, "an iterator among the breaking instruction's inputs")
