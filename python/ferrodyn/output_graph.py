@@ -8,7 +8,9 @@ does; the capture's `ShapeRecord` rides on the GraphModule's meta), the guards i
 tracing (deduplicated, in order), the per-Source tracker cache, the SideEffects table
 (side_effects.py: identity of mutable objects, mutations to replay; its aliasing guard is
 installed here), real global state entered while tracing (grad mode,
-autocast) and its restoration, and turning the frame's return tracker into a `TraceResult`.
+autocast) and its restoration, the grad-mode switches of the graph (those no op observes
+are erased; a graph of switches alone is no graph: the entry sets the mode they leave), and
+turning the frame's return tracker into a `TraceResult`.
 Does not own: how trackers are built (variables/builder.py), which guards a value needs
 (builder.py decides on use), compiling the graph or the guards (frontend).
 """
@@ -26,8 +28,14 @@ from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind, GuardSpec
 from ferrodyn.side_effects import SideEffects, unshare
 from ferrodyn.source import Source
-from ferrodyn.trace_result import OutGraph, OutSource, TraceResult
+from ferrodyn.trace_result import OutCall, OutConst, OutGraph, OutSource, TraceResult
 from ferrodyn.variables.base import VariableTracker, unsupported
+
+
+def _is_grad_switch(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch._C._set_grad_enabled
+            and len(node.args) == 1 and not node.kwargs and type(node.args[0]) is bool
+            and not node.users)
 
 
 class OutputGraph:
@@ -53,6 +61,7 @@ class OutputGraph:
         self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
+        self.grad_at_start = torch.is_grad_enabled()  # the frame's (guarded) grad mode
         # calls made for their effect only (`warnings.warn`), replayed by the entry after the
         # graph, in program order: (function, argument trackers, keyword names)
         self.install_guard(None, GuardKind.GLOBAL_STATE)
@@ -145,7 +154,13 @@ class OutputGraph:
             return fn()
 
     # -- result ---------------------------------------------------------------------------
-    def build_result(self, tx: Any, value: VariableTracker) -> TraceResult:
+    def build_result(self, tx: Any, value: VariableTracker, *,
+                     entry_sets_grad: bool = False) -> TraceResult:
+        """The TraceResult of the capture, `value` its return value. A graph whose only ops
+        are grad-mode switches is not a graph: its switches are erased and the entry sets the
+        mode they leave behind (a first side effect). `entry_sets_grad`: the entry of a graph
+        break, which sets the mode of the break itself after the graph (so a last switch of
+        the graph is erased too, as torch's graphs end in the frame's mode)."""
         outputs: list[torch.fx.Node] = []
         index_of: dict[torch.fx.Node, int] = {}
 
@@ -161,6 +176,9 @@ class OutputGraph:
         out = value.reconstruct(tx)
         (out,), effects = self.side_effects.replay(tx, (out,))
         out, *effects = unshare((out, *effects))
+        mode = self._drop_grad_switches(entry_sets_grad)
+        if mode is not None and not entry_sets_grad:
+            effects.insert(0, OutCall(torch._C._set_grad_enabled, (OutConst(mode),)))
         self.graph.output(tuple(outputs))
         self.graph.lint()
         mutates = self._mutates_inputs()
@@ -173,6 +191,39 @@ class OutputGraph:
                            example_inputs=list(self.example_inputs), output=out,
                            guards=list(self.guards.values()), notes=list(self.notes),
                            side_effects=tuple(effects), graph_has_effects=mutates)
+
+    def _drop_grad_switches(self, trailing: bool) -> bool | None:
+        """Erase the grad-mode switches no op can observe (as torch's `cleanup_graph`, and
+        its coalescing of switches to the current mode): one to the mode already set (from
+        the frame's mode, which the guards fix), and one the next op of the graph overrides
+        (another switch). The last switch after the last op is erased when `trailing` (the
+        entry sets the mode after the graph) or when no op is left; then the mode it set
+        is returned when no op is left (the entry sets it instead); else None."""
+        ops = [n for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+        if any(n.target is torch._C._set_grad_enabled and not _is_grad_switch(n) for n in ops):
+            return None  # a switch to a mode not known here: leave them all
+        mode, pending = self.grad_at_start, None  # the mode ops run under; a switch no op saw
+        kept = []
+        for n in ops:
+            if not _is_grad_switch(n):
+                if pending is not None:
+                    mode, pending = pending.args[0], None
+                kept.append(n)
+                continue
+            if pending is not None:  # overridden before any op ran under it
+                self.graph.erase_node(pending)
+                kept.remove(pending)
+                pending = None
+            if n.args[0] == mode:
+                self.graph.erase_node(n)
+            else:
+                pending = n
+                kept.append(n)
+        if pending is None or not (trailing or kept == [pending]):
+            return None
+        self.graph.erase_node(pending)
+        kept.remove(pending)
+        return None if kept else pending.args[0]
 
     def _mutates_inputs(self) -> bool:
         """Whether an in-place op of the graph writes to the storage of a graph input."""

@@ -8,9 +8,10 @@ Owns (one module each: capture.py, code.py, emit.py, loops.py, stack_ops.py; re-
   level) says how the entry continues: the live stack (NULLs included) and locals as `Out`
   specs, the grad mode at the break, the instruction to run eagerly. It refuses (re-raises
   `exc`: the caller then tries a break at the root frame's call, else the frame runs eagerly
-  as before) when it is not sure: an enclosing level's call inside a `try` or any `with`
-  (the breaking level's `try`/`with` blocks are fine: an exception from the instruction run
-  at the break continues in a resume function starting at the frame's own handler), an
+  as before) when it is not sure: a level inside an exception handler's body (`try` and
+  `with` blocks around any level are fine: an exception from the instruction run at the
+  break continues in a resume function starting at the innermost level's handler, and an
+  enclosing level's resume prologue makes its call under the handler around it), an
   autocast `with` around an enclosing level's call, autocast changed otherwise than by the
   breaking level's live autocast `with` blocks (the graph exits those, the entry runs the
   instruction inside them, the resume function enters them again), a new iterator

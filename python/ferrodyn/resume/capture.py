@@ -156,21 +156,26 @@ def n_inputs(inst) -> int:
 
 
 def _with_levels(code: types.CodeType, offset: int) -> int | None:
-    """How many `with` blocks enclose the instruction at `offset`, when every exception
-    handler around it is a `with` cleanup; None when a `try` handler encloses it."""
+    """How many `try` and `with` blocks enclose the instruction at `offset`; None when it sits
+    in an exception handler's body (between PUSH_EXC_INFO and POP_EXCEPT: an `except` body,
+    a `finally` or `with` cleanup run for an exception), where the exception being handled
+    (`sys.exc_info()`, a bare `raise`, implicit chaining) is frame state that neither the
+    entry nor a resume function rebuilds."""
     insts = bytecode.decode(code)
     index = {id(i): k for k, i in enumerate(insts)}
-    inst = inst_at(insts, offset)
-    h = inst.exn
+    h = inst_at(insts, offset).exn
     levels = 0
     while h is not None:
         k = index[id(h.target)]
-        if not (insts[k].opname == "PUSH_EXC_INFO" and k + 1 < len(insts)
-                and insts[k + 1].opname == "WITH_EXCEPT_START"):
+        op, after = insts[k].opname, insts[k + 1].opname if k + 1 < len(insts) else None
+        if op == "COPY" and after == "POP_EXCEPT":  # the cleanup around a handler's body
             return None
-        levels += 1
-        cleanup = h.target.exn  # the handler of the with-cleanup code: COPY 3; POP_EXCEPT; RERAISE
-        h = cleanup.target.exn if cleanup is not None else None
+        if op == "PUSH_EXC_INFO":  # a `try` or `with` block; its handler's cleanup is next
+            levels += 1
+            cleanup = h.target.exn
+            h = cleanup.target.exn if cleanup is not None else None
+        else:  # other handler code (`except ... as e`, 3.12's inlined comprehensions)
+            h = h.target.exn
     return levels
 
 
@@ -296,6 +301,7 @@ class OuterFrame:
     stack: tuple[Out | None, ...]
     iters: tuple[bool, ...]
     locals: tuple[Out | None, ...]
+    handler: tuple | None = None       # (target, depth, lasti) of the handler around its call
 
 
 class _Level:
@@ -337,9 +343,12 @@ class _Level:
             if not (plain and isinstance(callee, (UserFunctionVariable, NestedFunctionVariable))):
                 _refuse(exc, f"{inst.opname} of {getattr(callee, 'describe', lambda: '?')()} "
                              "inlines more than one plain call")
-        levels = _with_levels(self.code, self.offset)
-        if levels is None and not innermost:
-            _refuse(exc, f"the call in {self.code.co_name} is inside a try block")
+        # Every level may sit in `try` and `with` blocks (each `__exit__` is a live value:
+        # grad-mode ones rebuilt, user ones as bound methods; an enclosing level's resume
+        # prologue makes its call under the handler around it), not in a handler's body.
+        if _with_levels(self.code, self.offset) is None:
+            _refuse(exc, f"{self.code.co_name} is inside an exception handler's body "
+                         "(the exception being handled is not rebuilt)")
         self.stack = []
         self.exits = []
         for v in tx.stack:
@@ -347,18 +356,17 @@ class _Level:
             if _is_grad_exit(r):
                 self.exits.append(r.value.prev)
             self.stack.append(r)
-        if not innermost and len(self.exits) != levels:
-            _refuse(exc, "a `with` block other than a grad-mode one encloses the break")
-        # The breaking frame's innermost exception handler (a `try`, or a `with` block's
-        # cleanup: user context managers' `__exit__` are live values like any other): an
-        # exception from the instruction run at the break continues there (`raise_at`).
+        # The frame's innermost exception handler (a `try`, or a `with` block's cleanup: user
+        # context managers' `__exit__` are live values like any other): an exception from the
+        # instruction run at the break continues there (`raise_at`) when no inner level has
+        # one; one from a later inner continuation reaches it through the resume prologue's
+        # call (`resume_code`), as in CPython.
         self.handler = None
-        if innermost:
-            h = inst_at(bytecode.decode(self.code), self.offset).exn
-            if h is not None:
-                if h.depth > len(tx.stack) - n_inputs(inst):
-                    _refuse(exc, "an exception handler deeper than the stack below the break")
-                self.handler = (h.target.offset, h.depth, h.lasti)
+        h = inst_at(bytecode.decode(self.code), self.offset).exn
+        if h is not None:
+            if h.depth > len(tx.stack) - (n_inputs(inst) if innermost else 0):
+                _refuse(exc, "an exception handler deeper than the stack below the break")
+            self.handler = (h.target.offset, h.depth, h.lasti)
         self.locals = [tx.locals.get(n) for n in self.code.co_varnames]
         self.locals += [_Rebuilt(lambda tx2, c=c: c.reconstruct(tx2)) for c in self.cells]
 
@@ -463,7 +471,8 @@ def _check_frame_reader(tx, callee, inst, exc: Unsupported) -> None:
 
 def _graph_sets_grad(gm) -> bool:
     """Whether the captured graph switches grad mode itself (then the entry always sets the
-    mode of the break)."""
+    mode of the break: the graph may leave another; its last switch, after its last op, is
+    erased, the entry's setting standing for it: `OutputGraph.build_result`)."""
     for n in getattr(getattr(gm, "graph", None), "nodes", ()):
         if n.op in ("call_function", "call_method") and "grad" in getattr(n.target, "__name__", str(n.target)):
             return True
@@ -495,8 +504,6 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
     if autocast_state() != autocast_at_entry:
         _refuse(exc, "autocast state changed before the break")
     levels = [_Level(t, exc, t is tx) for t in chain]
-    if any(lv.exits for lv in levels[:-1]):
-        _refuse(exc, "a `with` block encloses the call of an inlined function that breaks")
     inner = levels[-1]
     global _SHARED_REBUILD
     _SHARED_REBUILD = _SHARED_REBUILD or _shared_rebuild_types()
@@ -525,7 +532,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
     # instruction runs; the replay reads every live value first (it is its `before`), so a
     # live value is what it was at the break even when an effect changes where it came from.
     try:
-        result = tx.output.build_result(chain[0], _Live(items=()))
+        result = tx.output.build_result(chain[0], _Live(items=()), entry_sets_grad=True)
     except Unsupported as e:
         _refuse(exc, f"cannot rebuild a live value: {e.construct}")
     if isinstance(result.output, OutShared):  # materialised once, before the effects
@@ -539,7 +546,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
         stack_outs = tuple(None if isinstance(v, NullVariable) else next(outs) for v in lv.stack)
         iters = tuple(isinstance(v, IteratorVariable) for v in lv.stack)
         local_outs = tuple(None if v is None else next(outs) for v in lv.locals)
-        frames.append(OuterFrame(lv.code, lv.offset, lv.tx.f_globals, stack_outs, iters, local_outs))
+        frames.append(OuterFrame(lv.code, lv.offset, lv.tx.f_globals, stack_outs, iters, local_outs,
+                                 handler=lv.handler))
     f = frames[-1]
     if any(f.iters[len(f.stack) - n_in:]):
         _refuse(exc, "an iterator among the breaking instruction's inputs")

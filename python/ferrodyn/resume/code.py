@@ -132,8 +132,12 @@ def resume_code(code: types.CodeType, offset: int, shape: tuple[int, ...],
     # the added arguments are gone, as in the original frame (its locals(), f_locals)
     prologue += [b.inst("DELETE_FAST", b.local(n)) for n in cell_args + stack_names[:n_stack]]
     if nested_call is not None:
+        # the call stands for the original's: an exception from the inner frames goes to
+        # the handler around it (a `try`, a `with` cleanup), with the same stack below
+        call = inst_at(insts, nested_call)
         prologue += [*b.call_prefix(), b.load_fast(_NESTED_FN), *b.call_infix(),
-                     b.load_fast(_NESTED_ARGS), b.inst("CALL_FUNCTION_EX", 0),
+                     b.load_fast(_NESTED_ARGS),
+                     b.inst("CALL_FUNCTION_EX", 0, positions=call.positions, exn=call.exn),
                      b.inst("DELETE_FAST", b.local(_NESTED_FN)),
                      b.inst("DELETE_FAST", b.local(_NESTED_ARGS))]
     prologue.append(b.inst("JUMP", target=target))

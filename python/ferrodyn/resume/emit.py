@@ -3,11 +3,12 @@
 Owns `emit_break` (see the package docstring): grad mode, the instruction run eagerly (or
 None for a no-op break marker), the resume function's call (or, for nested breaks, the
 root's, handed the inner levels' continuations), an exception from the instruction sent to
-the frame's own handler (`_on_exception`), and the resume function objects (one per
-(resume code, globals); never closures: the frame's cells are arguments). A resume function
-is called through `_C.resume_call(fn)`: on a hit of its cache the entry runs without a frame
-of fn. Live autocast `with` blocks are entered for real around the breaking instruction.
-Does not own the graph call (codegen.py) or the resume code (code.py).
+the frame's own handler, or the innermost enclosing level's (`_on_exception`), and the
+resume function objects (one per (resume code, globals); never closures: the frame's cells
+are arguments). A resume function is called through `_C.resume_call(fn)`: on a hit of its
+cache the entry runs without a frame of fn. Live autocast `with` blocks are entered for real
+around the breaking instruction. Does not own the graph call (codegen.py) or the resume code
+(code.py).
 """
 
 from __future__ import annotations
@@ -239,8 +240,9 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             e.call(brk.arg, brk.kw_names)
         else:
             e.emit(e.inst(brk.opname, brk.arg))
-        if brk.handler is not None:
-            _on_exception(e, brk, start, autocasts)
+        handling = _handling_level(brk)
+        if handling is not None:
+            _on_exception(e, handling, start, autocasts)
         elif brk.grad_on_error is not None or autocasts:
             _protect(e, start, brk.grad_on_error, autocasts)
         _exit_autocasts(e, autocasts)
@@ -256,8 +258,9 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         e.emit(e.inst("TO_BOOL"))
     jump = e.inst(brk.opname.replace("BACKWARD", "FORWARD"))
     e.emit(jump)
-    if brk.handler is not None:  # the truth of the value can raise (a tensor of many items)
-        _on_exception(e, brk, start, autocasts)
+    handling = _handling_level(brk)
+    if handling is not None:  # the truth of the value can raise (a tensor of many items)
+        _on_exception(e, handling, start, autocasts)
     elif autocasts:
         _protect(e, start, brk.grad_on_error, autocasts)
     for k, fn in enumerate((fn_next, fn_jump)):
@@ -269,6 +272,22 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
         _continue(e, brk, fn, n_lower)
         if k == 1:
             jump.target = e.insts[first]
+
+
+def _handling_level(brk: GraphBreak) -> GraphBreak | None:
+    """The level whose handler an exception from the instruction run at the break reaches
+    first (the breaking level's, else the innermost enclosing level's with a handler around
+    its call: the levels inside it have none, so CPython just leaves their frames), as a
+    GraphBreak whose `outer` are the levels around it; None when no level has one."""
+    if brk.handler is not None:
+        return brk
+    for k in range(len(brk.outer) - 1, -1, -1):
+        f = brk.outer[k]
+        if f.handler is not None:
+            return dataclasses.replace(brk, code=f.code, offset=f.offset, f_globals=f.f_globals,
+                                       stack=f.stack, iters=f.iters, locals=f.locals,
+                                       outer=brk.outer[:k], handler=f.handler)
+    return None
 
 
 def _on_exception(e, brk: GraphBreak, start: int, autocasts: list[str] = ()) -> None:
