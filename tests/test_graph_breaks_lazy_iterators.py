@@ -318,3 +318,23 @@ def aliased(x, ws):
 def test_aliased_iterator_stays_eager(capsys):
     ours, theirs = run(aliased, tuples(5))
     assert ours.count == 0 and theirs.count == 0  # refused: the frame runs eagerly
+
+
+def zip_strict_short(x, ws):
+    for a, b in zip(ws, ws[:-1], strict=True):  # raises ValueError after the last pair
+        x = x + a * b
+        print("pair")
+    return x
+
+
+def test_zip_strict_raises_after_the_loop_body_ran(capsys):
+    cf = ferrodyn.compile(zip_strict_short, backend=CountingBackend())
+    for _ in range(2):
+        args = tuples(4)()
+        with pytest.raises(ValueError) as want:
+            zip_strict_short(*copy.deepcopy(args))
+        eager_out = capsys.readouterr().out
+        with pytest.raises(ValueError) as got:
+            cf(*args)
+        assert str(got.value) == str(want.value)
+        assert capsys.readouterr().out == eager_out  # every iteration ran before the error

@@ -192,12 +192,13 @@ def _inner(tx, part, lists):
     return (OutCall(iter, (out,)) if tx and seq else out), pure
 
 
-def _calls(make, fn_arg: bool):
+def _calls(make, fn_arg: bool, may_raise: bool = False):
     """A kind rebuilt as `make(*fn, *inner iterators, *consts)`, pure when its inner ones
-    are and it calls no function."""
+    are, it calls no function and cannot raise (zip(strict=True) raises at its end: taken
+    early, the ValueError would come before the loop's remaining iterations)."""
     def kind(tx, r, lists):
         inners = [_inner(tx, p, lists) for p in r.parts]
-        pure = not fn_arg and all(p for _, p in inners)
+        pure = not fn_arg and not may_raise and all(p for _, p in inners)
         if not tx:
             return None, False, pure
         fn = (tx.realize(r.args[0]).reconstruct(tx),) if fn_arg else ()
@@ -234,7 +235,7 @@ def _dict(tx, r, lists):
 _KINDS = {
     "enumerate": _calls(enumerate, False),
     "zip": _calls(zip, False),
-    "zip_strict": _calls(zip_strict, False),
+    "zip_strict": _calls(zip_strict, False, may_raise=True),
     "map": _calls(map, True),
     "filter": _calls(filter, True),
     "reversed": _reversed,
