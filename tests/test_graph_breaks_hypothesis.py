@@ -1,7 +1,9 @@
 """Hypothesis-generated programs with graph breaks at random points (explicit breaks, prints,
-data-dependent branches, `.item()`), inside loops, grad-mode blocks and inlined helpers,
+data-dependent branches, `.item()`, stack instructions on values the converter does not model:
+an attribute of a deque, a tensor formatted into a string), inside loops, grad-mode blocks and inlined helpers,
 compiled with ferrodyn and compared with eager: results, requires_grad, grad mode after."""
 
+import collections
 import textwrap
 
 import torch
@@ -30,7 +32,8 @@ _STATEMENTS = [
     "with torch.no_grad():\n    z = x * 3\n    BREAK\n    y = y + z",
     "x = helper(x)",
 ]
-_BREAKS = ["torch._dynamo.graph_break()", "ferrodyn.graph_break()", "print(end='')"]
+_BREAKS = ["torch._dynamo.graph_break()", "ferrodyn.graph_break()", "print(end='')",
+           "_DQ.maxlen", "f'{torch.ones(2) * 3!r}'"]
 
 
 def _program(stmts: list[int], breaks: list[int]) -> str:
@@ -49,7 +52,7 @@ def _program(stmts: list[int], breaks: list[int]) -> str:
 
 
 def _build(src: str):
-    ns = {"torch": torch, "ferrodyn": ferrodyn}
+    ns = {"torch": torch, "ferrodyn": ferrodyn, "_DQ": collections.deque()}
     exec(compile(src, "<graph-break program>", "exec"), ns)
     return ns["f"]
 

@@ -1,6 +1,6 @@
 """Graph breaks that resume: what happens at an instruction the converter cannot capture.
 
-Owns (one module each: capture.py, code.py, emit.py, loops.py; re-exported here):
+Owns (one module each: capture.py, code.py, emit.py, loops.py, stack_ops.py; re-exported here):
 - `capture_break(tx, exc)`: at the breaking instruction (the translator stopped just before
   it; when it is inside inlined calls, every enclosing translator is stopped inside its call),
   decide whether the state of every level can be rebuilt exactly, and if so turn it into a
@@ -32,6 +32,9 @@ Owns (one module each: capture.py, code.py, emit.py, loops.py; re-exported here)
   starts at the frame's own handler (`try`, `with` cleanups).
 - `LoopRest` (loops.py): a `for` loop's iterator handed to a resume function, iterated lazily
   so that a loop body's resume function reaches a steady state.
+- `STACK_OPS` (stack_ops.py): the instructions other than calls and jumps a break can run in
+  the entry (attribute reads and writes, subscripts, operators, formatting, unpacking on values
+  the converter does not model): their inputs, the stack shape they leave, their emission.
 
 Does not own tracing (symbolic/), the graph (output_graph.py) or the entry's graph call
 (codegen.py).

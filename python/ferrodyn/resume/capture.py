@@ -21,6 +21,7 @@ from ferrodyn import bytecode
 from ferrodyn.exc import Unsupported
 from ferrodyn.resume.code import inst_at, origin, prologue_call
 from ferrodyn.resume.loops import iterator_refusal, rebuild_iterator
+from ferrodyn.resume.stack_ops import STACK_OPS
 from ferrodyn.side_effects import MutationType
 from ferrodyn.trace_result import (
     Out, OutCall, OutConst, OutList, OutShared, OutTuple, TraceResult,
@@ -34,7 +35,7 @@ _JUMPS = frozenset(f"POP_JUMP_{d}IF_{c}" for d in ("", "FORWARD_", "BACKWARD_") 
 class GraphBreak:
     """How an entry continues after its graph: see the module docstring."""
     code: types.CodeType
-    kind: str                          # "call" or "jump"
+    kind: str                          # "call", "jump" or "op" (stack_ops.STACK_OPS)
     opname: str                        # the breaking instruction
     arg: int
     offset: int                        # its byte offset (as `dis` reports it)
@@ -71,7 +72,7 @@ class GradModeRestore:
 # ---------------------------------------------------------------------------------------------
 
 def breakable(opname: str) -> bool:
-    return opname in _CALLS or opname in _JUMPS
+    return opname in _CALLS or opname in _JUMPS or opname in STACK_OPS
 
 
 def _refuse(exc: Unsupported, why: str):
@@ -86,6 +87,9 @@ def n_inputs(inst) -> int:
         return inst.arg + 3
     if inst.opname == "CALL_FUNCTION_EX":
         return 3 + (inst.arg & 1)
+    op = STACK_OPS.get(inst.opname)
+    if op is not None:
+        return op.inputs(inst)
     return 1  # conditional jump: the condition
 
 
@@ -321,6 +325,10 @@ def _callee(inputs, inst):
     return second if isinstance(first, NullVariable) else first
 
 
+def _kind(opname: str) -> str:
+    return "call" if opname in _CALLS else "op" if opname in STACK_OPS else "jump"
+
+
 def _noop_calls() -> frozenset:
     """Break markers whose call does nothing: the entry takes None as their result instead of
     calling them (identified by identity; their loads are guarded like any callee's)."""
@@ -419,7 +427,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: bool,
     set_grad = grad != grad_at_entry or _graph_sets_grad(result.graph)
     result.output = OutCall(tuple, (OutList(tuple(outs_box)),))  # for the frontend: which outputs are used
     result.graph_break = GraphBreak(
-        code=f.code, kind="call" if inst.opname in _CALLS else "jump", opname=inst.opname,
+        code=f.code, kind=_kind(inst.opname), opname=inst.opname,
         arg=inst.arg or 0, offset=f.offset, stack=f.stack, iters=f.iters, n_inputs=n_in,
         kw_names=tuple(tx.kw_names), locals=f.locals, grad_mode=grad, set_grad=set_grad, noop=noop,
         grad_on_error=inner.exits[0] if inner.exits else None, reason=exc, lineno=inst.lineno,

@@ -20,8 +20,9 @@ import torch
 
 from ferrodyn import _C, bytecode
 from ferrodyn.resume.capture import GraphBreak
-from ferrodyn.resume.code import (ITER, NULL, VALUE, jump_target_offset, next_offset,
-                                  resume_code)
+from ferrodyn.resume.code import (ITER, NULL, VALUE, inst_at, jump_target_offset,
+                                  next_offset, resume_code)
+from ferrodyn.resume.stack_ops import STACK_OPS
 from ferrodyn.trace_result import Out, OutShared
 
 _VERSION = sys.version_info[:2]
@@ -196,8 +197,11 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
                   for v, it in zip(lower, brk.iters))
     n_lower = sum(1 for v in lower if v is not None)
     nested = bool(brk.outer)  # the resume function is an argument, not called here
-    if brk.kind == "call":
-        fn = _resume_function(e, brk, next_offset(brk.code, brk.offset), nulls + (VALUE,))
+    if brk.kind in ("call", "op"):
+        op = inst_at(bytecode.decode(brk.code), brk.offset) if brk.kind == "op" else None
+        outs = STACK_OPS[brk.opname].outputs(brk.code, op) if op is not None else (VALUE,)
+        n_out = sum(1 for k in outs if k != NULL)
+        fn = _resume_function(e, brk, next_offset(brk.code, brk.offset), nulls + outs)
         if not nested:
             _load_resume(e, fn)
         _push(e, lower)
@@ -211,7 +215,9 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             else:
                 e.emit_out(v)
         start = len(e.insts)
-        if brk.opname == "CALL":
+        if op is not None:
+            STACK_OPS[brk.opname].emit(e, brk.code, op)
+        elif brk.opname == "CALL":
             e.call(brk.arg, brk.kw_names)
         else:
             e.emit(e.inst(brk.opname, brk.arg))
@@ -219,7 +225,7 @@ def emit_break(e, brk: GraphBreak, _unused: Any = None) -> None:
             _on_exception(e, brk, start)
         elif brk.grad_on_error is not None:
             _protect(e, start, brk.grad_on_error)
-        _continue(e, brk, fn, n_lower + 1)
+        _continue(e, brk, fn, n_lower + n_out)
         return
     # a conditional jump on a value only known when the graph has run
     fn_next = _resume_function(e, brk, next_offset(brk.code, brk.offset), nulls)
