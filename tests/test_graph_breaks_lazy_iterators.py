@@ -338,3 +338,42 @@ def test_zip_strict_raises_after_the_loop_body_ran(capsys):
             cf(*args)
         assert str(got.value) == str(want.value)
         assert capsys.readouterr().out == eager_out  # every iteration ran before the error
+
+
+def exhausted_zip(x, ws):
+    z = zip(ws, ws[1:])
+    for a, b in z:
+        x = x + a * b
+    print("done")  # z is exhausted here; CPython's zip asks its inner iterators again
+    return x + sum(1 for _ in z)
+
+
+def enumerate_of_map(x, ws):
+    it = enumerate(map(torch.neg, ws), 1)  # rebuilt lazily: enumerate(map(neg, <rest>), 2)
+    i, a = next(it)
+    print("m")
+    j, b = next(it)
+    return x + a * i + b * j
+
+
+def consume(it, x):
+    i, a = next(it)
+    print("c")
+    j, b = next(it)
+    return x + a * i + b * j
+
+
+def shared_across_levels(x, ws):
+    it = enumerate(ws)  # live in this frame and in consume's: refused at the nested level
+    x = consume(it, x)
+    k, c = next(it)
+    return x + c * k
+
+
+@pytest.mark.parametrize("fn", [exhausted_zip, enumerate_of_map, shared_across_levels],
+                         ids=lambda f: f.__name__)
+def test_more_iterators_match_eager(fn, capsys):
+    ours, theirs = run(fn, lambda: (torch.randn(3), [torch.randn(3) for _ in range(4)]))
+    # at most torch.compile's graphs; where torch.compile skips the frame (enumerate_of_map:
+    # 0 graphs), ferrodyn still captures the graphs before and after the break
+    assert 0 < ours.count and (ours.count <= theirs.count or theirs.count == 0)

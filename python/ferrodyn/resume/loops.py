@@ -19,7 +19,8 @@ its items; an impure one as the real iterator (the resume function then runs eag
 iterators are not modelled as inputs). Refused (the break does not resume): an iterator
 whose parts cannot be rebuilt exactly (an EXISTING list or dict mutated in this trace, whose
 replay would move the real iterator; a dict whose key set changed since the iterator began:
-CPython raises; an exhausted lazy iterator; itertools iterators other than these).
+CPython raises; an exhausted reversed or dict iterator; itertools iterators other than
+these).
 Does not own the resume function (code.py) or when a break happens (capture.py).
 """
 
@@ -171,11 +172,13 @@ def _parts(tx, v, lists: set) -> tuple[Out | None, bool, bool]:
     if st.rebuild is None:
         raise _Refused("a lazy iterator (itertools chain, pairwise, accumulate, zip_longest, "
                        "...) is live across the break")
-    if st.exhausted:
-        raise _Refused("an exhausted lazy iterator is live across the break")
     r = st.rebuild()
     if r.refuse:
         raise _Refused(r.refuse)
+    if st.exhausted and r.kind in ("reversed", "dict"):
+        # CPython's stay exhausted even if their container grows; enumerate, zip, map and
+        # filter do not (they ask their inner iterators again): rebuilt from those as they are
+        raise _Refused("an exhausted reversed or dict iterator is live across the break")
     return _KINDS[r.kind](tx, r, lists)
 
 
