@@ -1,8 +1,9 @@
 """Graph breaks inside `for` loops: the loop's iterator is live across the break. It may be
 passed to the resume function as its remaining items only when nothing can change what it
-still produces; lazy iterators (enumerate, zip, reversed, map, filter, dict iterators) and
-iterators over lists reachable from outside the frame are refused (the frame runs eagerly),
-never rebuilt wrongly. Each case: compiled == eager over repeated calls, state included."""
+still produces; otherwise (map, filter, iterators over lists and dicts from outside the frame)
+it goes over as CPython's own iterator at its position, or is refused (resume/loops.py;
+tests/test_graph_breaks_lazy_iterators.py), never rebuilt wrongly. Each case: compiled ==
+eager over repeated calls, state included."""
 
 import pytest
 import torch

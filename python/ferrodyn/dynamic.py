@@ -59,8 +59,10 @@ def _memory(code) -> FrameDynamism:
 def _loop_item(source: Source) -> bool:
     """An item of a for loop's iterator handed to a resume function (resume.LoopRest): the
     loop's next value, an int like a local (automatic dynamic: a loop counter does not make
-    one resume entry per iteration)."""
+    one resume entry per iteration), or an item of one (`enumerate`'s count, resume/loops.py)."""
     from ferrodyn.source import ItemSource
+    if isinstance(source, ItemSource) and isinstance(source.base, ItemSource):
+        source = source.base
     return isinstance(source, ItemSource) and isinstance(source.base, LocalSource) and \
         source.base.name().startswith("L['__ferrodyn_stack")
 

@@ -206,6 +206,10 @@ class SideEffects:
             self._mutated_states.add(id(state))
             self._log.append(("state", state, make_effect))
 
+    def was_mutated(self, state: Any) -> bool:
+        """Whether this trace mutated the EXISTING container of `state` (it is replayed)."""
+        return id(state) in self._mutated_states
+
     def store_attr(self, obj: Any, obj_out: Callable[[Any], Out], name: str,
                    value: "VariableTracker | object") -> None:
         from ferrodyn.variables.base import unsupported

@@ -20,7 +20,7 @@ import torch
 from ferrodyn import bytecode
 from ferrodyn.exc import Unsupported
 from ferrodyn.resume.code import inst_at, origin, prologue_call
-from ferrodyn.resume.loops import LoopRest, _LoopRestStep
+from ferrodyn.resume.loops import iterator_refusal, rebuild_iterator
 from ferrodyn.resume.stack_ops import STACK_OPS
 from ferrodyn.side_effects import MutationType
 from ferrodyn.trace_result import (
@@ -240,6 +240,11 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
     elif isinstance(v, IteratorVariable):
         for item in state.items[state.index:]:
             _mutable_identities(item, seen, lists, exc)
+        r = state.rebuild() if state.rebuild is not None else None
+        if r is not None:  # a lazy one: the iterators it pulls from, its function or dict
+            walk = r.parts + (r.args if r.kind != "reversed" else tuple(r.args[0].state.items))
+            for part in walk:
+                _mutable_identities(part, seen, lists, exc)
 
 
 def _shared_rebuild_types() -> tuple[type, ...]:
@@ -255,38 +260,25 @@ _SHARED_REBUILD: tuple[type, ...] = ()
 
 
 def _check_iterator(v, lists: set, exc: Unsupported) -> None:
-    """An iterator live across the break is rebuilt from its remaining items, a snapshot: only
-    right when nothing can change what it would still produce. Refused: lazy iterators
-    (enumerate, zip, reversed, map, filter, dict iterators keep their position in a step
-    function, not in `items[index:]`), and list iterators over a list that is live itself or
-    comes from outside the frame (a later mutation would show in CPython's iterator)."""
-    st = v.state
-    if isinstance(st.step, _LoopRestStep):
-        return  # the rest of an input: rebuilt from it (`_LoopRestStep.rest`)
-    if st.step is not None:
-        _refuse(exc, "a lazy iterator (enumerate, zip, reversed, map, filter, dict) is live "
-                     "across the break")
-    if id(st.items) in lists:
-        _refuse(exc, "an iterator over a list that is itself live")
-    owner = st.owner
-    if owner is not None and owner.mutation_type is MutationType.EXISTING:
-        _refuse(exc, "an iterator over a list from outside the frame is live across the break")
+    """An iterator live across the break is rebuilt as a real iterator standing where the
+    traced one stands (resume/loops.py: snapshots and loop rests as their remaining items,
+    lazy ones from their parts, iterators over live lists and dicts as CPython's own at their
+    position); refused where that is not exact (`loops.iterator_refusal`)."""
+    why = iterator_refusal(v, lists)
+    if why is not None:
+        _refuse(exc, why)
 
 
-def _reconstruct(tx, v, on_stack: bool) -> Out:
+def _reconstruct(tx, v, on_stack: bool, lists: set = frozenset()) -> Out:
     """Out spec of live value `v`. An iterator on the stack (a `for` loop's) is passed as a
-    tuple of its remaining items, turned back into an iterator by the resume prologue (so
-    the resume frame traces it like any tuple); elsewhere it is rebuilt as `iter([...])`."""
+    LoopRest of its remaining items when taking them is pure, turned back into an iterator
+    by the resume prologue (so the resume frame traces it like any tuple), else as the real
+    iterator; elsewhere it is rebuilt as a real iterator (`loops.rebuild_iterator`)."""
     from ferrodyn.variables.lists import IteratorVariable
     if isinstance(v, _Rebuilt):
         return v.make(tx)
     if isinstance(v, IteratorVariable):
-        st = v.state
-        if isinstance(st.step, _LoopRestStep):
-            rest = st.step.rest()
-            return rest if on_stack else OutCall(iter, (rest,))
-        rest = tuple(tx.realize(i).reconstruct(tx) for i in st.items[st.index:])
-        return OutCall(LoopRest, (OutTuple(rest),)) if on_stack else OutCall(iter, (OutList(rest),))
+        return rebuild_iterator(tx, v, on_stack, lists)
     return tx.realize(v).reconstruct(tx)
 
 
@@ -526,7 +518,7 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
         live += [(v, False) for v in lv.locals if v is not None]
     class _Live(TupleVariable):
         def reconstruct(self, tx2):
-            return OutTuple(tuple(_reconstruct(tx2, v, on_stack) for v, on_stack in live))
+            return OutTuple(tuple(_reconstruct(tx2, v, on_stack, lists) for v, on_stack in live))
 
     # The side effects recorded so far are replayed after the graph call, before the breaking
     # instruction runs; the replay reads every live value first (it is its `before`), so a

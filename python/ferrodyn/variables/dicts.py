@@ -206,7 +206,13 @@ def dict_iterator(d: DictVariable, kind: str, reverse: bool = False):
         if kind == "values":
             return st.items[k]
         return TupleVariable(items=(key_tracker(k), st.items[k]))
-    return IteratorVariable(state=IterState([], step=step))
+
+    def rebuild():
+        from ferrodyn.variables.lists import IterRebuild
+        changed = st.keys_version != version
+        return IterRebuild("dict", args=(d,), consts=(kind, pos[0], reverse), refuse=(
+            "the dict changed size during iteration" if changed else None))
+    return IteratorVariable(state=IterState([], step=step, rebuild=rebuild))
 
 
 _VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}

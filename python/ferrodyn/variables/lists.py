@@ -200,6 +200,20 @@ class IterState:
     exhausted: bool = False
     step: Callable | None = None
     owner: Any = None  # the ListState a list iterator walks (None: a private snapshot)
+    rebuild: Callable[[], "IterRebuild"] | None = None  # a lazy one's parts, for graph breaks
+
+
+@dataclass(frozen=True)
+class IterRebuild:
+    """Where a lazy iterator stands, in parts a graph break rebuilds it from (resume/loops.py):
+    `kind` (enumerate, zip, zip_strict, map, filter, reversed, dict), `parts` the inner
+    IteratorVariables it pulls from, `args` the trackers it reads (map/filter's function, the
+    list or dict it walks), `consts` its position; `refuse`: why it cannot be rebuilt exactly."""
+    kind: str
+    parts: tuple = ()
+    args: tuple = ()
+    consts: tuple = ()
+    refuse: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -279,7 +293,8 @@ def reversed_iterator(tx, seq: VariableTracker) -> IteratorVariable:
                 pos[0] = i - 1
                 return items[i]
             return None
-        return IteratorVariable(state=IterState([], step=step))
+        return IteratorVariable(state=IterState([], step=step, rebuild=lambda: IterRebuild(
+            "reversed", args=(seq,), consts=(pos[0],))))
     if isinstance(seq, (DictVariable, DictViewVariable)):
         return seq.iterator(tx, reverse=True)
     return IteratorVariable.over(list(reversed(seq.unpack(tx))))
@@ -296,7 +311,8 @@ def enumerate_iterator(tx, iterable: VariableTracker, start: int) -> IteratorVar
             return None
         count[0] += 1
         return TupleVariable(items=(ConstantVariable(value=count[0] - 1), item))
-    return IteratorVariable(state=IterState([], step=step))
+    return IteratorVariable(state=IterState([], step=step, rebuild=lambda: IterRebuild(
+        "enumerate", parts=(inner,), consts=(count[0],))))
 
 
 def zip_iterator(tx, iterables, strict: bool = False) -> IteratorVariable:
@@ -318,7 +334,8 @@ def zip_iterator(tx, iterables, strict: bool = False) -> IteratorVariable:
         return TupleVariable(items=tuple(out))
     if not inners:
         return IteratorVariable.over([])
-    return IteratorVariable(state=IterState([], step=step))
+    return IteratorVariable(state=IterState([], step=step, rebuild=lambda: IterRebuild(
+        "zip_strict" if strict else "zip", parts=tuple(inners))))
 
 
 def zip_longest_iterator(tx, iterables, fill: VariableTracker) -> IteratorVariable:
@@ -389,7 +406,8 @@ def map_iterator(tx, fn: VariableTracker, iterables) -> IteratorVariable:
         if args is None:
             return None
         return fn.call_function(tx, list(args.items), {})
-    return IteratorVariable(state=IterState([], step=step))
+    return IteratorVariable(state=IterState([], step=step, rebuild=lambda: IterRebuild(
+        "map", parts=pairs.state.rebuild().parts, args=(fn,))))
 
 
 def filter_iterator(tx, fn: VariableTracker, iterable: VariableTracker) -> IteratorVariable:
@@ -403,7 +421,8 @@ def filter_iterator(tx, fn: VariableTracker, iterable: VariableTracker) -> Itera
             if keep.truth(tx):
                 return item
         return None
-    return IteratorVariable(state=IterState([], step=step))
+    return IteratorVariable(state=IterState([], step=step, rebuild=lambda: IterRebuild(
+        "filter", parts=(inner,), args=(fn,))))
 
 
 # ---- method tables ------------------------------------------------------------------------
