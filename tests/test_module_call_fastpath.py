@@ -225,3 +225,37 @@ def test_jit_trace_of_the_compiled_module():
     assert torch.allclose(traced(y), mod(y))
     assert torch.allclose(opt(y), mod(y))
     assert opt._ferrodyn_call._stamped == (TAGS, TAGS, TAGS)
+
+
+def test_remembered_forward_follows_class_and_getattribute_changes():
+    class Net(_Net):
+        pass
+
+    mod = Net()
+    opt, ref, fd_be, tc_be, x = _warm(mod)
+    assert opt._ferrodyn_call._forward_stamped is TAGS
+    old = Net.forward
+    Net.forward = lambda self, x: x * 7  # a class change: the type's tag moves
+    try:
+        assert torch.equal(opt(x), x * 7) and torch.equal(mod(x), x * 7)
+        assert torch.equal(ref(x), x * 7)
+    finally:
+        Net.forward = old
+    assert torch.allclose(opt(x), mod(x)) and torch.allclose(ref(x), mod(x))
+    assert opt._ferrodyn_call._forward_stamped is TAGS
+
+
+def test_forward_not_remembered_under_a_custom_getattribute():
+    class Odd(_Net):
+        def __getattribute__(self, name):
+            if name == "forward":
+                return lambda x: x + 1000
+            return super().__getattribute__(name)
+
+    mod = Odd()
+    fd_be, tc_be = CountingBackend(), CountingBackend()
+    opt = ferrodyn.compile(mod, backend=fd_be)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        assert torch.equal(opt(x), mod(x)) and torch.equal(mod(x), x + 1000)
+    assert opt._ferrodyn_call._forward_stamped is False

@@ -113,6 +113,9 @@ class ModuleCall:
     def _stamped(self) -> tuple[bool, bool, bool]:
         """Which "no hooks" verdicts are remembered (torch's globals, wrapper, original); all
         False where dict version tags are not read (3.13)."""
+    @property
+    def _forward_stamped(self) -> bool:
+        """Whether `type(orig).forward` is remembered and bound to `orig` without a lookup."""
 
 class ResumeCall:
     """The `self` data of a `resume_call` builtin (one resume function); not called directly."""

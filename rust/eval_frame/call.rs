@@ -27,6 +27,7 @@ use pyo3::types::{PyDict, PyString, PyTuple, PyWeakrefMethods, PyWeakrefReferenc
 
 use super::thread::{self, Installed};
 use crate::ffi::guard_reads::{self as reads, Held};
+use crate::ffi::method;
 use crate::ffi::object::{
     self as raw, enable_vectorcall, vectorcall_slot, VectorArgs, VectorcallSlot, VectorcallTarget,
 };
@@ -87,6 +88,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             global_stamp: PlainStamp::default(),
             wrapper_stamp: PlainStamp::default(),
             orig_stamp: PlainStamp::default(),
+            object_getattribute: py.None(),
             vectorcall: vectorcall_slot::<ModuleCall>(),
         },
     )?;
@@ -196,6 +198,8 @@ pub struct ModuleCall {
     global_stamp: PlainStamp,
     wrapper_stamp: PlainStamp,
     orig_stamp: PlainStamp,
+    /// `object.__getattribute__` (a type whose lookup is this one binds `forward` plainly).
+    object_getattribute: Py<PyAny>,
     /// Calls come in through here (`enable_vectorcall`), not `__call__`.
     vectorcall: VectorcallSlot,
 }
@@ -220,6 +224,10 @@ struct PlainStamp {
     /// read.
     type_ptr: AtomicUsize,
     type_tag: AtomicU64,
+    /// For the original module: `type(m).forward`, an exact function that `m.forward` binds
+    /// (no `forward` in the instance dict, `__getattribute__` is object's, the type stamped);
+    /// 0: look `m.forward` up.
+    forward: AtomicUsize,
 }
 
 impl PlainStamp {
@@ -249,6 +257,13 @@ impl PlainStamp {
 
     fn clear(&self) {
         self.version.store(0, Ordering::Relaxed);
+        self.forward.store(0, Ordering::Relaxed);
+    }
+
+    /// The remembered `forward` while a verdict is stamped (see the field).
+    fn forward(&self) -> Option<Held> {
+        let f = self.forward.load(Ordering::Relaxed);
+        (f != 0 && self.version.load(Ordering::Relaxed) != 0).then(|| reads::held_at(f))
     }
 
     /// Remember a "no hooks" verdict on `d` at `version` (taken before the verdict was
@@ -259,6 +274,7 @@ impl PlainStamp {
         version: Option<u64>,
         hooks: &[Option<Held>; 4],
         ty: Option<(Held, u32)>,
+        forward: Option<Held>,
     ) {
         self.clear();
         let Some(v) = version.filter(|&v| v != 0) else {
@@ -279,6 +295,12 @@ impl PlainStamp {
                 self.type_tag.store(u64::from(tag), Ordering::Relaxed);
             }
             None => self.type_tag.store(0, Ordering::Relaxed),
+        }
+        // A remembered forward is only valid under a stamped type (its dict holds it).
+        if let (Some(f), Some((t, tag))) = (forward, ty) {
+            if reads::type_version(t) == Some(tag) {
+                self.forward.store(f.addr(), Ordering::Relaxed);
+            }
         }
         self.version.store(v, Ordering::Relaxed);
     }
@@ -399,6 +421,10 @@ impl ModuleCall {
             global_stamp: PlainStamp::default(),
             wrapper_stamp: PlainStamp::default(),
             orig_stamp: PlainStamp::default(),
+            object_getattribute: py
+                .get_type::<pyo3::types::PyAny>()
+                .getattr(intern!(py, "__getattribute__"))?
+                .unbind(),
             vectorcall: vectorcall_slot::<ModuleCall>(),
         })
     }
@@ -422,6 +448,12 @@ impl ModuleCall {
             on(&self.wrapper_stamp),
             on(&self.orig_stamp),
         )
+    }
+
+    /// Whether the original's `forward` is remembered (bound without a lookup).
+    #[getter]
+    fn _forward_stamped(&self) -> bool {
+        self.orig_stamp.forward().is_some()
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -516,7 +548,10 @@ impl ModuleCall {
         if self.inline || !self.orig_plain(py, orig) {
             return t.call_under(py, t.func.bind(py), &call);
         }
-        let forward = orig.getattr(intern!(py, "forward"))?;
+        let forward = match self.orig_stamp.forward() {
+            Some(f) => method::bound_method(f, orig)?,
+            None => orig.getattr(intern!(py, "forward"))?,
+        };
         t.call_under(py, &forward, &call)
     }
 
@@ -530,7 +565,8 @@ impl ModuleCall {
         let before = reads::dict_version(gh);
         let v = no_global_hooks(py, g);
         if v.plain {
-            self.global_stamp.store(g.as_any(), before, &v.hooks, None);
+            self.global_stamp
+                .store(g.as_any(), before, &v.hooks, None, None);
         } else {
             self.global_stamp.clear();
         }
@@ -538,11 +574,11 @@ impl ModuleCall {
     }
 
     /// The wrapper has no hooks and its `forward` is still `target` (stamped).
-    fn wrapper_plain(
+    fn wrapper_plain<'py>(
         &self,
-        py: Python<'_>,
-        wrapper: &Bound<'_, PyAny>,
-        target: &Bound<'_, CompiledFunction>,
+        py: Python<'py>,
+        wrapper: &Bound<'py, PyAny>,
+        target: &Bound<'py, CompiledFunction>,
     ) -> bool {
         let w = reads::held(wrapper);
         if let Some(d) = w.instance_dict() {
@@ -554,29 +590,58 @@ impl ModuleCall {
             py,
             wrapper,
             &self.wrapper_stamp,
-            |d| matches!(d.get_item(intern!(py, "forward")), Ok(Some(f)) if f.is(target)),
+            false,
+            |d: &Bound<'py, PyDict>| {
+                matches!(d.get_item(intern!(py, "forward")), Ok(Some(f)) if f.is(target))
+            },
         )
     }
 
     /// The original module has no hooks (stamped).
-    fn orig_plain(&self, py: Python<'_>, orig: &Bound<'_, PyAny>) -> bool {
+    fn orig_plain<'py>(&self, py: Python<'py>, orig: &Bound<'py, PyAny>) -> bool {
         let o = reads::held(orig);
         if let Some(d) = o.instance_dict() {
             if self.orig_stamp.holds(d, Some(o)) {
                 return true;
             }
         }
-        self.decide(py, orig, &self.orig_stamp, |_| true)
+        self.decide(py, orig, &self.orig_stamp, true, |_| true)
+    }
+
+    /// `type(m).forward` when `m.forward` is exactly that function bound to `m` and stays so
+    /// while `m`'s dict version and its type's tag (`ty`) do: not in `m`'s dict, found as the
+    /// type's own MRO entry, an exact function, and the type's `__getattribute__` is
+    /// object's (nn.Module's `__getattr__` only runs when that lookup fails).
+    fn plain_forward<'py>(
+        &self,
+        py: Python<'py>,
+        d: &Bound<'py, PyDict>,
+        ty: (Held, u32),
+    ) -> Option<Held> {
+        let name = intern!(py, "forward");
+        if !matches!(d.get_item(name), Ok(None)) {
+            return None;
+        }
+        let t = ty.0.bound(py);
+        let getattribute = t.getattr(intern!(py, "__getattribute__")).ok()?;
+        if !getattribute.is(self.object_getattribute.bind(py)) {
+            return None;
+        }
+        let f = t.getattr(name).ok()?;
+        let h = reads::held(&f);
+        // `function_globals` answers only for exact Python functions.
+        (reads::type_attr_is_mro_entry(&t, name, &f) && h.function_globals().is_some()).then_some(h)
     }
 
     /// The full check of one module (its hooks, `_compiled_call_impl`, and `also`), stamping a
     /// "no hooks" verdict.
-    fn decide(
+    fn decide<'py>(
         &self,
-        py: Python<'_>,
-        m: &Bound<'_, PyAny>,
+        py: Python<'py>,
+        m: &Bound<'py, PyAny>,
         stamp: &PlainStamp,
-        also: impl FnOnce(&Bound<'_, PyDict>) -> bool,
+        with_forward: bool,
+        also: impl FnOnce(&Bound<'py, PyDict>) -> bool,
     ) -> bool {
         stamp.clear();
         let Some(d) = module_dict(m) else {
@@ -587,7 +652,11 @@ impl ModuleCall {
         let plain = v.plain && also(&d);
         if plain {
             if let Some(ty) = v.ty {
-                stamp.store(d.as_any(), before, &v.hooks, ty);
+                let forward = match ty {
+                    Some(ty) if with_forward => self.plain_forward(py, &d, ty),
+                    _ => None,
+                };
+                stamp.store(d.as_any(), before, &v.hooks, ty, forward);
             }
         }
         plain

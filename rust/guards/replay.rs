@@ -97,7 +97,13 @@ impl Stamp {
         }
     }
 
-    pub(crate) fn fill(self, node: &Node, parent: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) {
+    pub(crate) fn fill(
+        self,
+        node: &Node,
+        cache: &NodeCache,
+        parent: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) {
         let now = match &node.access {
             Access::Attr(name) => {
                 if !raw::type_attr_is_mro_entry(parent, name.bind(parent.py()), value) {
@@ -108,8 +114,7 @@ impl Stamp {
             _ => raw::dict_version_of(parent),
         };
         if now == Some(self.stamp) {
-            node.cache
-                .store(self.stamp, self.owner, value.as_ptr() as usize);
+            cache.store(self.stamp, self.owner, value.as_ptr() as usize);
         }
     }
 }
@@ -139,9 +144,8 @@ pub(crate) struct Plan {
     steps: Vec<Step>,
 }
 
-/// How the replay reads one node (compact: the walk touches a `Node` only for its cache or
-/// an accessor it does not specialise).
-#[derive(Clone, Copy)]
+/// How the replay reads one node, with what its accessor found last time (compact, one array
+/// walked in order: the walk touches a `Node` only for an accessor it does not specialise).
 struct Step {
     /// `NONE` for a root.
     parent: u32,
@@ -154,6 +158,9 @@ struct Step {
     op: NodeOp,
     /// For `NodeOp::Slot`: the argument slot.
     slot: u32,
+    /// What the node's accessor found last time (the replay's memory; stored by the full path
+    /// through [`Plan::cache`]).
+    cache: NodeCache,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -199,6 +206,11 @@ enum Quick {
 const NONE: u32 = u32::MAX;
 
 impl Plan {
+    /// Node `n`'s remembered lookup (every node of the tree the plan was built for has one).
+    pub(crate) fn cache(&self, n: usize) -> Option<&NodeCache> {
+        self.steps.get(n).map(|s| &s.cache)
+    }
+
     /// (nodes with a twin, leaves with a twin, packed tensor leaves), for tests.
     pub(crate) fn stats(&self) -> (usize, usize, usize) {
         (
@@ -267,6 +279,7 @@ impl Plan {
                     Access::Local { index, .. } => *index as u32,
                     _ => 0,
                 },
+                cache: NodeCache::default(),
             });
         }
         let mut checks = std::collections::HashMap::new();
@@ -361,12 +374,12 @@ pub(crate) fn replay<'py>(
                 (Locals::Slots(s), NodeOp::Slot) => raw::slot(s, st.slot as usize)?.addr(),
                 // An unchanged locals dict holds the value found last time.
                 (Locals::Mapping(_), NodeOp::Slot) => {
-                    match locals_version.and_then(|v| node.cache.hit_dict(v)) {
+                    match locals_version.and_then(|v| st.cache.hit_dict(v)) {
                         Some(h) => h.addr(),
-                        None => read_root(node, input, defaults, locals_version)?.addr(),
+                        None => read_root(node, &st.cache, input, defaults, locals_version)?.addr(),
                     }
                 }
-                _ => read_root(node, input, defaults, locals_version)?.addr(),
+                _ => read_root(node, &st.cache, input, defaults, locals_version)?.addr(),
             }
         } else {
             let pv = memo[st.parent as usize];
@@ -374,12 +387,10 @@ pub(crate) fn replay<'py>(
                 memo[st.twin as usize]
             } else {
                 match st.op {
-                    NodeOp::DictItem => {
-                        node.cache.hit_dict(raw::dict_version(as_obj(pv)?)?)?.addr()
-                    }
+                    NodeOp::DictItem => st.cache.hit_dict(raw::dict_version(as_obj(pv)?)?)?.addr(),
                     NodeOp::DictOf => as_obj(pv)?.instance_dict()?.addr(),
                     NodeOp::TypeOf => as_obj(pv)?.type_of().addr(),
-                    NodeOp::Generic | NodeOp::Slot => read_child(node, pv)?,
+                    NodeOp::Generic | NodeOp::Slot => read_child(node, &st.cache, pv)?,
                 }
             }
         };
@@ -461,6 +472,7 @@ pub(crate) fn replay<'py>(
 #[inline]
 fn read_root<'py>(
     node: &Node,
+    cache: &NodeCache,
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
     locals_version: Option<u64>,
@@ -472,12 +484,12 @@ fn read_root<'py>(
                 // An unchanged dict (same version) holds the value found last time.
                 let d = raw::held(m);
                 let version = locals_version;
-                if let Some(h) = version.and_then(|v| node.cache.hit(v, 0)) {
+                if let Some(h) = version.and_then(|v| cache.hit(v, 0)) {
                     return Some(h);
                 }
                 let h = raw::dict_get_at_held(d, name.bind(m.py()).as_any(), hint.position()?)?;
                 if let Some(v) = version {
-                    node.cache.store(v, 0, h.addr());
+                    cache.store(v, 0, h.addr());
                 }
                 Some(h)
             }
@@ -485,12 +497,12 @@ fn read_root<'py>(
         Access::Global(_) => {
             let g = input.globals.map(|g| g.as_any()).or(defaults.0)?;
             let h = raw::held(g);
-            node.cache.hit(raw::dict_version(h)?, 0)
+            cache.hit(raw::dict_version(h)?, 0)
         }
         Access::Builtin(_) => {
             let b = input.builtins.map(|b| b.as_any()).or(defaults.1)?;
             let h = raw::held(b);
-            node.cache.hit(raw::dict_version(h)?, 0)
+            cache.hit(raw::dict_version(h)?, 0)
         }
         Access::Closure(index) => {
             let cells = raw::held(input.closure?.as_any());
@@ -501,16 +513,16 @@ fn read_root<'py>(
 }
 
 #[inline]
-fn read_child(node: &Node, parent: Val) -> Option<Val> {
+fn read_child(node: &Node, cache: &NodeCache, parent: Val) -> Option<Val> {
     let p = as_obj(parent)?;
     let v = match &node.access {
         Access::Item { index, .. } => match index.and_then(|i| p.exact_seq_item(i)) {
             Some(v) => v,
-            None => node.cache.hit(raw::dict_version(p)?, 0)?,
+            None => cache.hit(raw::dict_version(p)?, 0)?,
         },
         Access::Attr(_) => {
             if p.is_plain_type() {
-                node.cache.hit(raw::type_version(p)? as u64, p.addr())?
+                cache.hit(raw::type_version(p)? as u64, p.addr())?
             } else if node.globals_attr {
                 p.function_globals()?
             } else {
