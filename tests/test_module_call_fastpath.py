@@ -259,3 +259,83 @@ def test_forward_not_remembered_under_a_custom_getattribute():
     for _ in range(3):
         assert torch.equal(opt(x), mod(x)) and torch.equal(mod(x), x + 1000)
     assert opt._ferrodyn_call._forward_stamped is False
+
+
+# -- the guard tree's same-class subtrees ----------------------------------------------------
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, depth=4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+class _Linear2(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _mlp_pair():
+    torch.manual_seed(0)
+    mod = _MLP()
+    fd_be, tc_be = CountingBackend(), CountingBackend()
+    opt, ref = ferrodyn.compile(mod, backend=fd_be), torch.compile(mod, backend=tc_be)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.allclose(opt(x), mod(x)) and torch.allclose(ref(x), mod(x))
+    (entry,) = _C.cache_entries(_MLP.forward.__code__)
+    walked, _ = entry.guards._plan_walked()
+    # the later Linear layers' type(..).forward chains are not walked (their checks repeat the
+    # first layer's)
+    assert walked < len(entry.guards._nodes())
+    return mod, opt, ref, fd_be, tc_be, x
+
+
+@pytest.mark.parametrize("change", ["swap_class", "set_class", "instance_forward", "class_forward",
+                                    "replace_module", "replace_parameter", "data_shape"])
+def test_same_class_subtree_changes_are_seen(change):
+    mod, opt, ref, fd_be, tc_be, x = _mlp_pair()
+    layer = mod.layers[2]
+    undo = lambda: None  # noqa: E731
+    if change == "swap_class":
+        new = _Linear2(4, 4)
+        new.load_state_dict(layer.state_dict())
+        mod.layers[2] = new
+    elif change == "set_class":
+        layer.__class__ = _Linear2
+    elif change == "instance_forward":
+        layer.forward = lambda x: x * 0 + 3
+    elif change == "class_forward":
+        old = torch.nn.Linear.forward
+        torch.nn.Linear.forward = lambda self, x: torch.nn.functional.linear(x, self.weight, self.bias) + 1
+        undo = lambda: setattr(torch.nn.Linear, "forward", old)  # noqa: E731
+    elif change == "replace_module":
+        mod.layers[2] = torch.nn.Linear(4, 4)
+    elif change == "replace_parameter":
+        layer.weight = torch.nn.Parameter(torch.randn(4, 4))
+    else:  # data_shape: the parameter's metadata changes in place
+        with torch.no_grad():
+            mod.layers[3].weight.data = torch.randn(4, 4).t()  # another stride
+    try:
+        with torch.no_grad():
+            expected = mod(x)
+            assert torch.allclose(opt(x), expected)
+            assert torch.allclose(opt(x), expected)  # the new entry (if any) hits
+            got_ref = ref(x)
+        if change == "class_forward":
+            # torch.compile keeps running the old nn.Linear.forward here (it does not guard
+            # the class attribute of its own modules); ferrodyn recompiles
+            assert not torch.allclose(got_ref, expected) and fd_be.count == 2
+        else:
+            # parameters are graph inputs in both: a same-shape module or parameter swap
+            # reuses the graph; a class or stride change recompiles
+            assert torch.allclose(got_ref, expected)
+            assert fd_be.count == tc_be.count, (fd_be.count, tc_be.count)
+    finally:
+        undo()

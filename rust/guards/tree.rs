@@ -515,6 +515,11 @@ impl GuardTree {
         self.plan.stats()
     }
 
+    /// (nodes the replay walks, leaves other than packed tensors it checks), for tests.
+    fn _plan_walked(&self) -> (usize, usize) {
+        self.plan.walked()
+    }
+
     /// Whether every accessor and leaf of this tree can be replayed from raw reads.
     #[getter]
     fn replayable(&self) -> bool {
