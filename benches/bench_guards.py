@@ -8,7 +8,9 @@ tensor_match), both as that hand-built tree and as the tree of ferrodyn's own co
 (65 leaves on 99 accessors). A derived row gives the per-tensor-leaf cost (slope between 16 and
 64 args). Trees like these are decided by the replay path (`rust/guards/replay.rs`) once they
 have seen the module: dict lookups proven current by dict/type version tags, accessors shared
-between nodes on the same object read once, plain tensor leaves compared from packed copies.
+between nodes on the same object read once, plain tensor leaves compared from packed copies,
+and the `type(m).forward...` chains of the 2nd..8th Linear (same class as the 1st, proven by
+their `type(m) is Linear` leaves) not walked at all.
 """
 
 from __future__ import annotations

@@ -109,6 +109,13 @@ class ModuleCall:
 
     def __init__(self, wrapper: Any, orig: Any, target: CompiledFunction, inline: bool) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    @property
+    def _stamped(self) -> tuple[bool, bool, bool]:
+        """Which "no hooks" verdicts are remembered (torch's globals, wrapper, original); all
+        False where dict version tags are not read (3.13)."""
+    @property
+    def _forward_stamped(self) -> bool:
+        """Whether `type(orig).forward` is remembered and bound to `orig` without a lookup."""
 
 class ResumeCall:
     """The `self` data of a `resume_call` builtin (one resume function); not called directly."""

@@ -19,6 +19,7 @@ pub mod frame313;
 pub mod gil_lock;
 pub mod guard_reads;
 pub mod mapslot;
+pub mod method;
 pub mod object;
 pub mod slots;
 pub mod storage;

@@ -426,14 +426,15 @@ impl GuardBuilder {
         let disc = super::tree::discriminator(&nodes, &leaves);
         let slot_of = super::tree::slots_of(&nodes);
         let replayable = super::replay::replayable(&nodes, &leaves);
-        let plan = Python::attach(|py| super::replay::Plan::new(py, &nodes, &leaves));
+        let exports = std::mem::take(&mut self.exports);
+        let plan = Python::attach(|py| super::replay::Plan::new(py, &nodes, &leaves, &exports));
         Ok(GuardTree {
             plan,
             replayable,
             replay_misses: Default::default(),
             slot_of,
             disc,
-            exports: std::mem::take(&mut self.exports),
+            exports,
             nodes,
             leaves,
             globals: self.globals.take(),

@@ -23,6 +23,14 @@
 //! one cache line each, after the other leaves. All of that only reuses reads made in the same
 //! replay (no Python code runs in between) or versions that change with every mutation, so it
 //! decides exactly what the full walk decides.
+//!
+//! Same-class modules: where two `type(m)` nodes each carry a `type(..) is T` leaf of one
+//! class `T` (held strongly), the later one's subtree (`type(m_k).forward`,
+//! `.__globals__['F']`, ...) reads the same objects as the first one's whenever the tree
+//! passes, so its nodes whose leaves all repeat checks made on the first subtree are not
+//! walked at all ([`Plan::new`]: `same`); the `type(m_k) is T` leaf itself, the premise, is
+//! always checked. A tree passes only if every leaf does, so dropping a leaf that repeats a
+//! check on an object proven identical by a kept leaf leaves the outcome unchanged.
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
@@ -97,7 +105,13 @@ impl Stamp {
         }
     }
 
-    pub(crate) fn fill(self, node: &Node, parent: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) {
+    pub(crate) fn fill(
+        self,
+        node: &Node,
+        cache: &NodeCache,
+        parent: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) {
         let now = match &node.access {
             Access::Attr(name) => {
                 if !raw::type_attr_is_mro_entry(parent, name.bind(parent.py()), value) {
@@ -108,8 +122,7 @@ impl Stamp {
             _ => raw::dict_version_of(parent),
         };
         if now == Some(self.stamp) {
-            node.cache
-                .store(self.stamp, self.owner, value.as_ptr() as usize);
+            cache.store(self.stamp, self.owner, value.as_ptr() as usize);
         }
     }
 }
@@ -139,9 +152,8 @@ pub(crate) struct Plan {
     steps: Vec<Step>,
 }
 
-/// How the replay reads one node (compact: the walk touches a `Node` only for its cache or
-/// an accessor it does not specialise).
-#[derive(Clone, Copy)]
+/// How the replay reads one node, with what its accessor found last time (compact, one array
+/// walked in order: the walk touches a `Node` only for an accessor it does not specialise).
 struct Step {
     /// `NONE` for a root.
     parent: u32,
@@ -154,6 +166,9 @@ struct Step {
     op: NodeOp,
     /// For `NodeOp::Slot`: the argument slot.
     slot: u32,
+    /// What the node's accessor found last time (the replay's memory; stored by the full path
+    /// through [`Plan::cache`]).
+    cache: NodeCache,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -166,6 +181,8 @@ enum NodeOp {
     TypeOf,
     /// `read_root` / `read_child`.
     Generic,
+    /// Never read (see the module docs, "same-class modules").
+    Skip,
 }
 
 /// One leaf other than the packed tensors.
@@ -199,6 +216,11 @@ enum Quick {
 const NONE: u32 = u32::MAX;
 
 impl Plan {
+    /// Node `n`'s remembered lookup (every node of the tree the plan was built for has one).
+    pub(crate) fn cache(&self, n: usize) -> Option<&NodeCache> {
+        self.steps.get(n).map(|s| &s.cache)
+    }
+
     /// (nodes with a twin, leaves with a twin, packed tensor leaves), for tests.
     pub(crate) fn stats(&self) -> (usize, usize, usize) {
         (
@@ -206,6 +228,12 @@ impl Plan {
             self.rest.iter().filter(|r| r.twin != NONE).count(),
             self.tensors.len(),
         )
+    }
+
+    /// (nodes walked, leaves other than packed tensors checked), for tests.
+    pub(crate) fn walked(&self) -> (usize, usize) {
+        let walked = self.steps.iter().filter(|s| s.op != NodeOp::Skip).count();
+        (walked, self.rest.len())
     }
 }
 
@@ -226,9 +254,71 @@ fn access_key(py: Python<'_>, a: &Access) -> Option<(u8, String, usize, Option<i
     }
 }
 
+/// Per node, an earlier node holding the same object whenever the tree passes (None: no such
+/// node known), and which nodes are premises (see the module docs, "same-class modules"): a
+/// `type(m)` node fixed by a leaf to `T` (`type(m) is T` on `m`, or `type(m) is T` as an
+/// identity leaf on the node; T held strongly) is the same as the first such node of the same
+/// `T`; a child of a node with a same node is the same as that node's child
+/// by the same accessor.
+fn same_class_subtrees(
+    py: Python<'_>,
+    nodes: &[Node],
+    leaves: &[Leaf],
+) -> (Vec<Option<usize>>, Vec<bool>) {
+    // `type(x)` nodes whose value a leaf fixes: `type(x) is T` on `x`, or `is T` on the node.
+    let mut type_of = std::collections::HashMap::new();
+    for (n, node) in nodes.iter().enumerate() {
+        if let (Access::TypeOf, Some(p)) = (&node.access, node.parent) {
+            type_of.entry(p).or_insert(n);
+        }
+    }
+    let mut forced = vec![None; nodes.len()];
+    for l in leaves {
+        let fixed = match (&l.kind, l.node) {
+            (LeafKind::TypeIs(IdRef::Strong(t)), Some(x)) => type_of.get(&x).map(|&n| (n, t)),
+            (LeafKind::Is(IdRef::Strong(t)), Some(n))
+                if matches!(nodes[n].access, Access::TypeOf) =>
+            {
+                Some((n, t))
+            }
+            _ => None,
+        };
+        if let Some((n, t)) = fixed {
+            forced[n].get_or_insert(t.as_ptr() as usize);
+        }
+    }
+    let mut same: Vec<Option<usize>> = vec![None; nodes.len()];
+    let mut premise = vec![false; nodes.len()];
+    let mut first_of_type = std::collections::HashMap::new();
+    let mut child = std::collections::HashMap::new();
+    for (n, node) in nodes.iter().enumerate() {
+        let key = access_key(py, &node.access);
+        if let Some(t) = forced[n] {
+            match first_of_type.entry(t) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    same[n] = Some(*e.get());
+                    premise[n] = true;
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(n);
+                }
+            }
+        } else if let (Some(p), Some(k)) = (node.parent, &key) {
+            if let Some(q) = same[p] {
+                same[n] = child.get(&(q, k.clone())).copied();
+            }
+        }
+        if let (Some(p), Some(k)) = (node.parent, key) {
+            child.entry((p, k)).or_insert(n);
+        }
+    }
+    (same, premise)
+}
+
 impl Plan {
-    pub(crate) fn new(py: Python<'_>, nodes: &[Node], leaves: &[Leaf]) -> Plan {
+    pub(crate) fn new(py: Python<'_>, nodes: &[Node], leaves: &[Leaf], exports: &[usize]) -> Plan {
         let mut plan = Plan::default();
+        let (same, premise) = same_class_subtrees(py, nodes, leaves);
         // Twins: the first earlier node with the same accessor; `group` is the first node of
         // such a chain (nodes in one group may hold the same object).
         let mut group: Vec<usize> = (0..nodes.len()).collect();
@@ -267,10 +357,46 @@ impl Plan {
                     Access::Local { index, .. } => *index as u32,
                     _ => 0,
                 },
+                cache: NodeCache::default(),
             });
+        }
+        // A leaf on a node with a `same` node is dropped when that node has a leaf making the
+        // same check (never on a premise: its type leaf is what proves the sameness).
+        let checked: std::collections::HashSet<(usize, (u8, i64))> = leaves
+            .iter()
+            .filter_map(|l| Some((l.node?, l.kind.check_key()?)))
+            .collect();
+        let dropped = |l: &Leaf| match (l.node, l.kind.check_key()) {
+            (Some(n), Some(k)) if !premise[n] => same[n].is_some_and(|m| checked.contains(&(m, k))),
+            _ => false,
+        };
+        // Nodes read by something kept: a kept leaf, an export, a symbolic-shape leaf, or a
+        // walked child (children come after their parents).
+        let mut needed = vec![false; nodes.len()];
+        for &n in exports {
+            needed[n] = true;
+        }
+        for l in leaves {
+            match (&l.kind, l.node) {
+                (LeafKind::Shape(s), _) => s.bindings.iter().for_each(|b| needed[b.node] = true),
+                (_, Some(n)) if !dropped(l) => needed[n] = true,
+                _ => {}
+            }
+        }
+        for n in (0..nodes.len()).rev() {
+            needed[n] |= same[n].is_none();
+            if let (true, Some(p)) = (needed[n], nodes[n].parent) {
+                needed[p] = true;
+            }
+        }
+        for (st, _) in plan.steps.iter_mut().zip(&needed).filter(|(_, &n)| !n) {
+            st.op = NodeOp::Skip;
         }
         let mut checks = std::collections::HashMap::new();
         for (i, l) in leaves.iter().enumerate() {
+            if dropped(l) {
+                continue;
+            }
             match (&l.kind, l.node) {
                 (LeafKind::Tensor(t), Some(n)) if t.expect().is_some() => {
                     plan.tensors.push(Packed {
@@ -356,17 +482,20 @@ pub(crate) fn replay<'py>(
         Locals::Slots(_) => None,
     };
     for (i, (node, st)) in nodes.iter().zip(&plan.steps).enumerate() {
+        if st.op == NodeOp::Skip {
+            continue;
+        }
         memo[i] = if st.parent == NONE {
             match (&input.locals, st.op) {
                 (Locals::Slots(s), NodeOp::Slot) => raw::slot(s, st.slot as usize)?.addr(),
                 // An unchanged locals dict holds the value found last time.
                 (Locals::Mapping(_), NodeOp::Slot) => {
-                    match locals_version.and_then(|v| node.cache.hit_dict(v)) {
+                    match locals_version.and_then(|v| st.cache.hit_dict(v)) {
                         Some(h) => h.addr(),
-                        None => read_root(node, input, defaults, locals_version)?.addr(),
+                        None => read_root(node, &st.cache, input, defaults, locals_version)?.addr(),
                     }
                 }
-                _ => read_root(node, input, defaults, locals_version)?.addr(),
+                _ => read_root(node, &st.cache, input, defaults, locals_version)?.addr(),
             }
         } else {
             let pv = memo[st.parent as usize];
@@ -374,12 +503,12 @@ pub(crate) fn replay<'py>(
                 memo[st.twin as usize]
             } else {
                 match st.op {
-                    NodeOp::DictItem => {
-                        node.cache.hit_dict(raw::dict_version(as_obj(pv)?)?)?.addr()
-                    }
+                    NodeOp::DictItem => st.cache.hit_dict(raw::dict_version(as_obj(pv)?)?)?.addr(),
                     NodeOp::DictOf => as_obj(pv)?.instance_dict()?.addr(),
                     NodeOp::TypeOf => as_obj(pv)?.type_of().addr(),
-                    NodeOp::Generic | NodeOp::Slot => read_child(node, pv)?,
+                    NodeOp::Generic | NodeOp::Slot | NodeOp::Skip => {
+                        read_child(node, &st.cache, pv)?
+                    }
                 }
             }
         };
@@ -461,6 +590,7 @@ pub(crate) fn replay<'py>(
 #[inline]
 fn read_root<'py>(
     node: &Node,
+    cache: &NodeCache,
     input: &GuardInput<'_, 'py>,
     defaults: (Option<&Bound<'py, PyAny>>, Option<&Bound<'py, PyAny>>),
     locals_version: Option<u64>,
@@ -472,12 +602,12 @@ fn read_root<'py>(
                 // An unchanged dict (same version) holds the value found last time.
                 let d = raw::held(m);
                 let version = locals_version;
-                if let Some(h) = version.and_then(|v| node.cache.hit(v, 0)) {
+                if let Some(h) = version.and_then(|v| cache.hit(v, 0)) {
                     return Some(h);
                 }
                 let h = raw::dict_get_at_held(d, name.bind(m.py()).as_any(), hint.position()?)?;
                 if let Some(v) = version {
-                    node.cache.store(v, 0, h.addr());
+                    cache.store(v, 0, h.addr());
                 }
                 Some(h)
             }
@@ -485,12 +615,12 @@ fn read_root<'py>(
         Access::Global(_) => {
             let g = input.globals.map(|g| g.as_any()).or(defaults.0)?;
             let h = raw::held(g);
-            node.cache.hit(raw::dict_version(h)?, 0)
+            cache.hit(raw::dict_version(h)?, 0)
         }
         Access::Builtin(_) => {
             let b = input.builtins.map(|b| b.as_any()).or(defaults.1)?;
             let h = raw::held(b);
-            node.cache.hit(raw::dict_version(h)?, 0)
+            cache.hit(raw::dict_version(h)?, 0)
         }
         Access::Closure(index) => {
             let cells = raw::held(input.closure?.as_any());
@@ -501,16 +631,16 @@ fn read_root<'py>(
 }
 
 #[inline]
-fn read_child(node: &Node, parent: Val) -> Option<Val> {
+fn read_child(node: &Node, cache: &NodeCache, parent: Val) -> Option<Val> {
     let p = as_obj(parent)?;
     let v = match &node.access {
         Access::Item { index, .. } => match index.and_then(|i| p.exact_seq_item(i)) {
             Some(v) => v,
-            None => node.cache.hit(raw::dict_version(p)?, 0)?,
+            None => cache.hit(raw::dict_version(p)?, 0)?,
         },
         Access::Attr(_) => {
             if p.is_plain_type() {
-                node.cache.hit(raw::type_version(p)? as u64, p.addr())?
+                cache.hit(raw::type_version(p)? as u64, p.addr())?
             } else if node.globals_attr {
                 p.function_globals()?
             } else {

@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::access::{Access, Defaults};
 use super::leaves::{Leaf, LeafKind};
-use super::replay::{self, NodeCache, Stamp};
+use super::replay::{self, Stamp};
 use super::shape_leaf::ShapeLeaf;
 use super::{GuardInput, Locals};
 use crate::ffi::slots::Slots;
@@ -17,8 +17,6 @@ pub(crate) struct Node {
     pub access: Access,
     pub parent: Option<usize>,
     pub source: String,
-    /// What the accessor found last time (the replay path's memory, see `replay`).
-    pub cache: NodeCache,
     /// `.__globals__` (read directly from exact functions when replaying).
     pub globals_attr: bool,
 }
@@ -38,7 +36,6 @@ impl Node {
             access,
             parent,
             source,
-            cache: NodeCache::default(),
             globals_attr,
         }
     }
@@ -319,8 +316,9 @@ impl GuardTree {
                 };
                 let stamp = dict.and_then(|d| Stamp::before(node, d.as_any()));
                 let v = node.access.read_root(py, input, defaults);
-                if let (Some(st), Some(d), Some(v)) = (stamp, dict, &v) {
-                    st.fill(node, d.as_any(), v);
+                if let (Some(st), Some(c), Some(d), Some(v)) = (stamp, self.plan.cache(n), dict, &v)
+                {
+                    st.fill(node, c, d.as_any(), v);
                 }
                 v
             }
@@ -334,8 +332,8 @@ impl GuardTree {
                             None
                         };
                         let v = node.access.read_child(pv);
-                        if let (Some(st), Some(v)) = (stamp, &v) {
-                            st.fill(node, pv, v);
+                        if let (Some(st), Some(c), Some(v)) = (stamp, self.plan.cache(n), &v) {
+                            st.fill(node, c, pv, v);
                         }
                         v
                     }
@@ -515,6 +513,11 @@ impl GuardTree {
     /// skipped after an earlier identical one, tensor leaves checked from packed copies).
     fn _plan_stats(&self) -> (usize, usize, usize) {
         self.plan.stats()
+    }
+
+    /// (nodes the replay walks, leaves other than packed tensors it checks), for tests.
+    fn _plan_walked(&self) -> (usize, usize) {
+        self.plan.walked()
     }
 
     /// Whether every accessor and leaf of this tree can be replayed from raw reads.
