@@ -177,6 +177,47 @@ class Tripler(torch.autograd.Function):
         return g * 7
 
 
+class LogsWhenGradNeeded(torch.autograd.Function):
+    """An effect that depends on ctx.needs_input_grad (True for a requires_grad input even
+    under no_grad, as in eager)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        if ctx.needs_input_grad[0]:
+            LOG.append("needs grad")
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class ListArg(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dims, grow):
+        if grow:
+            dims.append(0)
+        ctx.dims = dims
+        return x.permute(*dims[:2]) * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.permute(*ctx.dims[:2]) * 2, None, None
+
+
+class OnceDiff(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.exp()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g * x.exp() * 0.5
+
+
 # ---- harness ------------------------------------------------------------------------------------
 
 def _tensors(value):
@@ -346,6 +387,59 @@ def test_aot_backends_give_eager_values_and_gradients(inner):
     assert _captured(ours, Doubler)
 
 
+class PermuteNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dims = (1, 0)
+        self.scale = 0.5
+
+    def forward(self, x):
+        return ScaledGelu.apply(x.permute(self.dims), self.scale) + OnceDiff.apply(x).t()
+
+
+def test_arguments_from_module_attributes_and_once_differentiable():
+    ours, theirs = _run(PermuteNet(), _x(3, 2))
+    assert ours.count == 1 <= theirs.count
+    assert _captured(ours, ScaledGelu) and _captured(ours, OnceDiff)
+
+
+def test_list_argument_left_unchanged_is_captured():
+    def fn(x, dims):
+        return ListArg.apply(x, dims, False), dims
+
+    def make():
+        torch.manual_seed(3)
+        return torch.randn(2, 3, requires_grad=True), [1, 0]
+
+    ours, theirs = _run(fn, make)
+    assert ours.count == 1 <= theirs.count
+    assert _captured(ours, ListArg)
+
+
+def test_list_argument_mutated_by_forward_breaks():
+    def fn(x, dims):
+        return ListArg.apply(x * 1, dims, True) + 1, dims
+
+    def make():
+        torch.manual_seed(3)
+        return torch.randn(2, 3, requires_grad=True), [1, 0]
+
+    ours, theirs = _run(fn, make, calls=1)
+    assert not _captured(ours, ListArg)
+
+
+def test_dynamic_shapes():
+    fn = lambda x: ScaledGelu.apply(x, 2.0) * x.shape[0]
+    backend = CountingBackend()
+    compiled = ferrodyn.compile(fn, backend=backend, dynamic=True)
+    for n in (3, 5, 7):
+        got_x, want_x = _x(n)()[0], _x(n)()[0]
+        got, want = compiled(got_x), fn(want_x)
+        _same(got, want, exact=True)
+        _same(_grads(got, (got_x,)), _grads(want, (want_x,)), exact=True)
+    assert backend.count == 1 and _captured(backend, ScaledGelu)
+
+
 # ---- recompiles ----------------------------------------------------------------------------------
 
 ACT = Doubler
@@ -434,3 +528,16 @@ def test_fullgraph_names_the_refused_function():
     fn = ferrodyn.compile(_around(Printing), backend="eager", fullgraph=True)
     with pytest.raises(ferrodyn.Unsupported, match="Printing.apply"):
         fn(torch.randn(3))
+
+
+def test_effect_under_needs_input_grad_in_no_grad_breaks():
+    def fn(x):
+        y = x.sin()
+        with torch.no_grad():
+            z = LogsWhenGradNeeded.apply(y)
+        return z + 1
+
+    LOG.clear()
+    ours, theirs = _run(fn, _x(3), calls=1)
+    assert LOG == ["needs grad"] * 3
+    assert not _captured(ours, LogsWhenGradNeeded)

@@ -113,10 +113,13 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     name = f"{cls.__name__}.apply"
     if kwargs:
         unsupported(f"{name} with keyword arguments", BreakReason.UNSUPPORTED_CALL)
+    if cls_source is None:  # what forward reads could not be guarded
+        unsupported(f"{name} of a class not reachable from the frame",
+                    BreakReason.UNSUPPORTED_CALL)
     _check_class(tx, cls, cls_source)
     args = [tx.realize(a) for a in args]
     for a in args:
-        _check_arg(name, a)
+        _check_arg(tx, name, a)
     _speculate(tx, cls, cls_source, args)
     pa, ea, _, _ = fx_args(tx, args, {})
 
@@ -189,13 +192,13 @@ def _check_class(tx, cls: type, cls_source: Source | None) -> None:
         if fn is not base and _static_function(cls, attr) is None:
             unsupported(f"{name}.{attr} is not a plain static Python function",
                         BreakReason.UNSUPPORTED_CALL)
-    if cls_source is not None:  # what apply calls later: guard that it stays the same
-        for attr in ("backward", "setup_context", "jvp", "vmap"):
+    if cls_source is not None:  # what apply calls: guard that it stays the same
+        for attr in ("forward", "backward", "setup_context", "jvp", "vmap"):
             tx.output.install_guard(AttrSource(cls_source, attr), GuardKind.ID_MATCH,
                                     getattr(cls, attr))
 
 
-def _check_arg(name: str, a: VariableTracker) -> None:
+def _check_arg(tx, name: str, a: VariableTracker) -> None:
     if isinstance(a, TensorVariable):
         if a.cls not in _PLAIN_TENSOR_TYPES:
             unsupported(f"{name} on a tensor subclass", BreakReason.UNSUPPORTED_TYPE)
@@ -203,8 +206,8 @@ def _check_arg(name: str, a: VariableTracker) -> None:
     if isinstance(a, ConstantVariable):
         return
     if isinstance(a, (TupleVariable, ListVariable)) and type(a) in (TupleVariable, ListVariable):
-        for item in a.unpack(None):
-            _check_arg(name, item)
+        for item in a.unpack(tx):
+            _check_arg(tx, name, tx.realize(item))
         return
     unsupported(f"{name} with an argument of type {a.describe()} (only tensors, constants and "
                 f"tuples/lists of those)", BreakReason.UNSUPPORTED_TYPE)
@@ -241,7 +244,12 @@ class _SpeculationGraph(OutputGraph):
         return TensorVariable(node=node, example=twin, cls=cls)
 
 
-def _stand_ins(spec: _SpeculationGraph, a: VariableTracker, memo: dict) -> VariableTracker:
+def _stand_ins(tx, spec: _SpeculationGraph, a: VariableTracker, memo: dict,
+               lists: list) -> VariableTracker:
+    """Fresh trackers for the speculation: tensors -> detached fake twins (same metadata and
+    requires_grad; one twin per tensor, so `is` holds), constants, tuples, and lists as new
+    lists (`lists` gets (original, stand-in) to check that forward left them unchanged)."""
+    a = tx.realize(a)
     if isinstance(a, TensorVariable):
         key = a.identity()
         if key not in memo:
@@ -249,9 +257,12 @@ def _stand_ins(spec: _SpeculationGraph, a: VariableTracker, memo: dict) -> Varia
         return memo[key]
     if isinstance(a, ConstantVariable):
         return ConstantVariable(value=a.value)
-    items = [_stand_ins(spec, i, memo) for i in a.unpack(None)]
-    return TupleVariable(items=tuple(items)) if isinstance(a, TupleVariable) else \
-        ListVariable.new(items)
+    items = [_stand_ins(tx, spec, i, memo, lists) for i in a.unpack(tx)]
+    if isinstance(a, TupleVariable):
+        return TupleVariable(items=tuple(items))
+    new = ListVariable.new(items)
+    lists.append((items, new))
+    return new
 
 
 def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
@@ -264,8 +275,10 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
     grad = torch.is_grad_enabled()
     try:
         memo: dict = {}
-        inputs = [_stand_ins(spec, a, memo) for a in args]
-        needs = tuple(bool(isinstance(a, TensorVariable) and a.example.requires_grad and grad)
+        lists: list = []
+        inputs = [_stand_ins(tx, spec, a, memo, lists) for a in args]
+        # as eager: whether each argument is a tensor that requires grad (grad mode aside)
+        needs = tuple(bool(isinstance(a, TensorVariable) and a.example.requires_grad)
                       for a in args)
         ctx = FunctionCtxVariable(state=_CtxState(needs_input_grad=needs))
 
@@ -301,6 +314,10 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         fn_var("backward").call_function(stx, [ctx, *grads], {})
         if spec.side_effects.has_effects:
             unsupported(f"{cls.__name__}.backward has side effects", BreakReason.SIDE_EFFECT)
+        for items, new in lists:
+            now = new.state.items
+            if len(now) != len(items) or any(x is not y for x, y in zip(now, items)):
+                unsupported(f"{cls.__name__} mutates a list argument", BreakReason.SIDE_EFFECT)
     except Unsupported as e:
         # the break happens at the caller's `apply` call: no path into the speculation
         raise Unsupported(f"{name}: {e.construct}", BreakReason.UNSUPPORTED_CALL) from None
