@@ -100,9 +100,6 @@ class AutogradFunctionApplyVariable(VariableTracker):
     def describe(self):
         return f"{self.cls.__name__}.apply"
 
-    def as_python_constant(self):
-        return self.cls.apply
-
     def call_function(self, tx, args, kwargs):
         return call_apply(tx, self.cls, self.cls_source, list(args), dict(kwargs))
 
