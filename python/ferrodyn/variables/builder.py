@@ -281,6 +281,11 @@ def _lazy_items(value, source) -> tuple:
 
 def _build_constant_object(value: Any, source: Source | None) -> VariableTracker | None:
     """Functions, classes, modules, builtins: objects identified by identity."""
+    if type(value) is types.BuiltinMethodType:  # a stored `Cls.apply` of an autograd Function
+        from ferrodyn.variables.autograd_function import build_apply
+        var = build_apply(value, source)
+        if var is not None:
+            return var
     if is_builtin_like(value):
         return BuiltinVariable(source=source, fn=value)
     if getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):

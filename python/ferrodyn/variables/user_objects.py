@@ -658,6 +658,11 @@ class ClassVariable(VariableTracker):
         pending = pending_class_attr(tx, self.value, name)
         if pending is not None:
             return pending
+        if name == "apply":  # a custom torch.autograd.Function's apply
+            from ferrodyn.variables.autograd_function import apply_of_class
+            var = apply_of_class(tx, self, name)
+            if var is not None:
+                return var
         attr = lookup_class_attr(self.value, name)
         if attr is _ABSENT:
             unsupported(f"AttributeError: class {self.value.__name__} has no {name!r}",

@@ -1,0 +1,451 @@
+"""Custom autograd Functions: `Cls.apply(*args)` for a subclass `Cls` of
+`torch.autograd.Function`, captured as ONE opaque graph node `call_function(Cls.apply, args)`.
+
+At run time the graph calls the real `Cls.apply` on the real tensors, so autograd records the
+user's Function exactly as in eager (its `backward` runs on `.backward()`); aot backends trace
+through the call with make_fx. Capturing is only sound when running `apply` inside the graph
+is indistinguishable from running it at its place in the frame, which this module proves by
+*speculation*: `forward` (and `setup_context`, then `backward`) are traced with the converter
+into a throwaway graph (`_SpeculationGraph`: the parent's FakeTensorMode, its own SideEffects
+table, no new graph inputs), over fresh stand-ins of the arguments (tensors: detached fake
+twins; constants; tuples/lists of those) and a modelled `ctx` (`FunctionCtxVariable`). The call
+is refused (the caller graph-breaks there, as for any unmodelled call) when the speculation
+records a side effect visible outside the Function (mutations of existing objects, global or
+attribute stores, prints, logging), writes in place to an input tensor, reads a tensor that is
+not an argument (a global or a module parameter), cannot be traced, or uses `ctx.mark_dirty` /
+`ctx.save_for_forward`; also for keyword arguments, overridden `vmap`, and `forward` /
+`backward` / `setup_context` / `jvp` that are not plain static Python functions. The guards the
+speculation installs (identities of `forward`, `backward`, globals read) are copied to the
+caller's graph. The node's example value is the real `Cls.apply` run on the fake arguments
+under the caller's FakeTensorMode and grad mode, so `requires_grad`, non-differentiable outputs
+and metadata are eager's; only tensors and tuples/lists of tensors may be returned.
+
+Owns `AutogradFunctionApplyVariable` (the tracker of `Cls.apply`), `apply_of_class` (the hook
+ClassVariable's attribute lookup consults), `build_apply` (the builder's hook for a stored
+bound `Cls.apply`) and `FunctionCtxVariable`. Does not own inlining (symbolic/inline.py),
+recording ordinary ops (tensor.py) or the graph (output_graph.py).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ferrodyn.exc import BreakReason, Unsupported
+from ferrodyn.guard_spec import GuardKind
+from ferrodyn.output_graph import OutputGraph
+from ferrodyn.source import AttrSource, Source
+from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.lists import ListVariable, TupleVariable
+from ferrodyn.variables.tensor import TensorVariable, fx_args, wrap_graph_value
+
+_Function = torch.autograd.Function
+_BASE_APPLY = _Function.__dict__.get("apply")
+_BASE_SETUP_CONTEXT = torch.autograd.function._SingleLevelFunction.setup_context
+_BASE_VMAP = _Function.vmap
+_BASE_JVP = torch.autograd.function._SingleLevelFunction.jvp
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _is_function_class(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, _Function) and cls is not _Function
+
+
+def _inherits_base_apply(cls: type) -> bool:
+    for klass in cls.__mro__:
+        if "apply" in klass.__dict__:
+            return klass.__dict__["apply"] is _BASE_APPLY
+    return False
+
+
+def apply_of_class(tx, cls_var, name: str) -> VariableTracker | None:
+    """`Cls.apply` read from a ClassVariable: the tracker, or None when `Cls` is no Function
+    subclass or overrides `apply`. Guards that `Cls.apply` is still a C bound method (a Python
+    override installed later would be a bound method of another type)."""
+    cls = cls_var.value
+    if name != "apply" or not _is_function_class(cls) or not _inherits_base_apply(cls):
+        return None
+    source = AttrSource(cls_var.source, "apply") if cls_var.source is not None else None
+    if source is not None:
+        tx.output.install_guard(source, GuardKind.TYPE_MATCH, types.BuiltinMethodType)
+    return AutogradFunctionApplyVariable(source=source, cls=cls, cls_source=cls_var.source)
+
+
+def build_apply(value: Any, source: Source | None) -> VariableTracker | None:
+    """A bound `Cls.apply` stored somewhere (`gelu = GeLUFunction.apply`), identified by
+    identity (the builder guards ID_MATCH); None for any other value."""
+    if type(value) is not types.BuiltinMethodType or getattr(value, "__name__", None) != "apply":
+        return None
+    cls = getattr(value, "__self__", None)
+    if not _is_function_class(cls) or not _inherits_base_apply(cls) or value != cls.apply:
+        return None
+    cls_source = AttrSource(source, "__self__") if source is not None else None
+    return AutogradFunctionApplyVariable(source=source, cls=cls, cls_source=cls_source)
+
+
+@dataclass(frozen=True, eq=False)
+class AutogradFunctionApplyVariable(VariableTracker):
+    """`Cls.apply` of a custom autograd Function."""
+
+    cls: type = None  # type: ignore[assignment]
+    cls_source: Source | None = None
+
+    def python_type(self):
+        return types.BuiltinMethodType
+
+    def describe(self):
+        return f"{self.cls.__name__}.apply"
+
+    def call_function(self, tx, args, kwargs):
+        return call_apply(tx, self.cls, self.cls_source, list(args), dict(kwargs))
+
+
+# ---- the call ----------------------------------------------------------------------------------
+
+def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict):
+    name = f"{cls.__name__}.apply"
+    if kwargs:
+        unsupported(f"{name} with keyword arguments", BreakReason.UNSUPPORTED_CALL)
+    if cls_source is None:  # what forward reads could not be guarded
+        unsupported(f"{name} of a class not reachable from the frame",
+                    BreakReason.UNSUPPORTED_CALL)
+    _check_class(tx, cls, cls_source)
+    args = [tx.realize(a) for a in args]
+    for a in args:
+        _check_arg(tx, name, a)
+    _speculate(tx, cls, cls_source, args)
+    pa, ea, _, _ = fx_args(tx, args, {})
+
+    def run():
+        return cls.apply(*ea)
+
+    try:
+        example = tx.output.run_fake(run)
+    except Unsupported:
+        raise
+    except Exception as e:
+        unsupported(f"{name} raised {type(e).__name__} on fake inputs: {e}",
+                    BreakReason.UNSUPPORTED_CALL)
+    if not _tensors_only(example):
+        unsupported(f"{name} returned a {type(example).__name__} (only tensors and tuples or "
+                    f"lists of tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
+    node = tx.output.create_node("call_function", _apply_target(cls), tuple(pa), {})
+    return wrap_graph_value(tx, node, example, name)
+
+
+def _apply_target(cls: type):
+    """The node's target: a Python function calling `cls.apply` (torch.fx names a target by
+    its module, which a bound C method lacks). Like any compiled graph's callees in
+    torch.compile, forward runs without frame capture."""
+    from ferrodyn.eval_frame import _set_eval_frame as set_eval_frame
+
+    def apply(*args):
+        prior = set_eval_frame(None)
+        try:
+            return cls.apply(*args)
+        finally:
+            set_eval_frame(prior)
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    apply.__module__ = __name__
+    apply.autograd_function = cls
+    return apply
+
+
+def _tensors_only(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return type(value) in (tuple, list) and len(value) > 0 and \
+        all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _static_function(cls: type, name: str):
+    """The plain Python function behind the staticmethod `cls.name`, else None."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
+                return attr.__func__
+            return None
+    return None
+
+
+def _check_class(tx, cls: type, cls_source: Source | None) -> None:
+    name = cls.__name__
+    if type(cls) is not torch.autograd.function.FunctionMeta:
+        unsupported(f"{name}: a custom metaclass of an autograd Function",
+                    BreakReason.UNSUPPORTED_CALL)
+    if cls.vmap is not _BASE_VMAP or getattr(cls, "generate_vmap_rule", False):
+        unsupported(f"{name}: an autograd Function with a vmap rule", BreakReason.UNSUPPORTED_CALL)
+    for attr in ("forward", "backward"):
+        if _static_function(cls, attr) is None:
+            unsupported(f"{name}.{attr} is not a plain static Python function",
+                        BreakReason.UNSUPPORTED_CALL)
+    for attr, base in (("setup_context", _BASE_SETUP_CONTEXT), ("jvp", _BASE_JVP)):
+        fn = getattr(cls, attr)
+        if fn is not base and _static_function(cls, attr) is None:
+            unsupported(f"{name}.{attr} is not a plain static Python function",
+                        BreakReason.UNSUPPORTED_CALL)
+    if cls_source is not None:  # what apply calls: guard that it stays the same
+        for attr in ("forward", "backward", "setup_context", "jvp", "vmap"):
+            tx.output.install_guard(AttrSource(cls_source, attr), GuardKind.ID_MATCH,
+                                    getattr(cls, attr))
+
+
+def _check_arg(tx, name: str, a: VariableTracker) -> None:
+    if isinstance(a, TensorVariable):
+        if a.cls not in _PLAIN_TENSOR_TYPES:
+            unsupported(f"{name} on a tensor subclass", BreakReason.UNSUPPORTED_TYPE)
+        return
+    if isinstance(a, ConstantVariable):
+        return
+    if isinstance(a, (TupleVariable, ListVariable)) and type(a) in (TupleVariable, ListVariable):
+        for item in a.unpack(tx):
+            _check_arg(tx, name, tx.realize(item))
+        return
+    unsupported(f"{name} with an argument of type {a.describe()} (only tensors, constants and "
+                f"tuples/lists of those)", BreakReason.UNSUPPORTED_TYPE)
+
+
+# ---- speculation -------------------------------------------------------------------------------
+
+class _SpeculationGraph(OutputGraph):
+    """A throwaway graph for tracing a Function's forward/backward: the caller's fake mode and
+    shape record, its own SideEffects and guards; it refuses new graph inputs."""
+
+    def __init__(self, parent: OutputGraph):
+        super().__init__(parent.f_globals, parent.f_builtins)
+        self.fake_mode = parent.fake_mode
+        self.shape_record = parent.shape_record
+        self.bound_symbols = parent.bound_symbols
+
+    def add_graph_input(self, source, value):
+        unsupported(f"a custom autograd Function reads the tensor {source.name()} (not an "
+                    f"argument)", BreakReason.UNSUPPORTED_CALL)
+
+    def add_symint_input(self, source, value):
+        unsupported(f"a custom autograd Function reads the int {source.name()} as a dynamic "
+                    f"size", BreakReason.UNSUPPORTED_CALL)
+
+    def stand_in(self, example: torch.Tensor, requires_grad: bool, cls: type) -> TensorVariable:
+        with self.fake_mode:
+            twin = example.detach()
+            if requires_grad:
+                twin.requires_grad_(True)
+        node = self.graph.placeholder(f"arg{len(self._placeholders)}")
+        node.meta["example_value"] = twin
+        self._placeholders.append(node)
+        return TensorVariable(node=node, example=twin, cls=cls)
+
+
+def _stand_ins(tx, spec: _SpeculationGraph, a: VariableTracker, memo: dict,
+               lists: list) -> VariableTracker:
+    """Fresh trackers for the speculation: tensors -> detached fake twins (same metadata and
+    requires_grad; one twin per tensor, so `is` holds), constants, tuples, and lists as new
+    lists (`lists` gets (original, stand-in) to check that forward left them unchanged)."""
+    a = tx.realize(a)
+    if isinstance(a, TensorVariable):
+        key = a.identity()
+        if key not in memo:
+            memo[key] = spec.stand_in(a.example, a.example.requires_grad, a.cls)
+        return memo[key]
+    if isinstance(a, ConstantVariable):
+        return ConstantVariable(value=a.value)
+    items = [_stand_ins(tx, spec, i, memo, lists) for i in a.unpack(tx)]
+    if isinstance(a, TupleVariable):
+        return TupleVariable(items=tuple(items))
+    new = ListVariable.new(items)
+    lists.append((items, new))
+    return new
+
+
+def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
+    """Trace forward (+ setup_context) and backward into a throwaway graph; refuse on any
+    effect outside the Function. Copies the guards it installed to the caller's graph."""
+    from ferrodyn.symbolic.translator import InstructionTranslator
+    from ferrodyn.variables.functions import UserFunctionVariable
+    name = f"{cls.__name__}.apply"
+    spec = _SpeculationGraph(tx.output)
+    grad = torch.is_grad_enabled()
+    try:
+        memo: dict = {}
+        lists: list = []
+        inputs = [_stand_ins(tx, spec, a, memo, lists) for a in args]
+        # as eager: whether each argument is a tensor that requires grad (grad mode aside)
+        needs = tuple(bool(isinstance(a, TensorVariable) and a.example.requires_grad)
+                      for a in args)
+        ctx = FunctionCtxVariable(state=_CtxState(needs_input_grad=needs))
+
+        def fn_var(attr):
+            fn = getattr(cls, attr)
+            src = AttrSource(cls_source, attr) if cls_source is not None else None
+            return UserFunctionVariable(source=src, fn=fn)
+
+        forward = fn_var("forward")
+        stx = InstructionTranslator(forward.fn.__code__, forward.fn.__globals__, spec, {}, {},
+                                    lambda n: None)
+        torch._C._set_grad_enabled(False)
+        if cls.setup_context is not _BASE_SETUP_CONTEXT:
+            out = stx.realize(forward.call_function(stx, inputs, {}))
+            fn_var("setup_context").call_function(
+                stx, [ctx, TupleVariable(items=tuple(inputs)), out], {})
+        else:
+            out = stx.realize(forward.call_function(stx, [ctx, *inputs], {}))
+        outs = _output_tensors(name, stx, out)
+        if spec.side_effects.has_effects:
+            unsupported(f"{cls.__name__}.forward has side effects", BreakReason.SIDE_EFFECT)
+        if spec._mutates_inputs():
+            unsupported(f"{cls.__name__}.forward writes in place to an input",
+                        BreakReason.SIDE_EFFECT)
+        grads = []
+        for o in outs:
+            with spec.fake_mode:
+                g = torch.zeros_like(o.example).detach()
+            node = spec.graph.placeholder(f"grad{len(grads)}")
+            node.meta["example_value"] = g
+            grads.append(TensorVariable(node=node, example=g, cls=torch.Tensor))
+        ctx.state.in_backward = True
+        fn_var("backward").call_function(stx, [ctx, *grads], {})
+        if spec.side_effects.has_effects:
+            unsupported(f"{cls.__name__}.backward has side effects", BreakReason.SIDE_EFFECT)
+        for items, new in lists:
+            now = new.state.items
+            if len(now) != len(items) or any(x is not y for x, y in zip(now, items)):
+                unsupported(f"{cls.__name__} mutates a list argument", BreakReason.SIDE_EFFECT)
+    except Unsupported as e:
+        # the break happens at the caller's `apply` call: no path into the speculation
+        raise Unsupported(f"{name}: {e.construct}", BreakReason.UNSUPPORTED_CALL) from None
+    except Exception as e:  # a traced exception escaping forward/backward
+        raise Unsupported(f"{name}: {type(e).__name__} while tracing: {e}",
+                          BreakReason.UNSUPPORTED_CALL) from None
+    finally:
+        spec.close()
+        torch._C._set_grad_enabled(grad)
+    for g in spec.guards.values():
+        tx.output.guards.setdefault(g, g)
+
+
+def _output_tensors(name: str, tx, out: VariableTracker) -> list[TensorVariable]:
+    if isinstance(out, TensorVariable):
+        return [out]
+    if isinstance(out, (TupleVariable, ListVariable)):
+        items = [tx.realize(i) for i in out.unpack(tx)]
+        if items and all(isinstance(i, TensorVariable) for i in items):
+            return items
+    unsupported(f"{name}: forward returned {out.describe()} (only tensors and tuples or lists "
+                f"of tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
+
+
+# ---- ctx --------------------------------------------------------------------------------------
+
+@dataclass
+class _CtxState:
+    needs_input_grad: tuple = ()
+    attrs: dict = field(default_factory=dict)
+    saved: tuple | None = None
+    in_backward: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class FunctionCtxVariable(VariableTracker):
+    """The `ctx` of a speculated Function: attributes stored on it, saved tensors,
+    `needs_input_grad`; the methods that change autograd's view of the outputs are modelled
+    (`mark_non_differentiable`, `set_materialize_grads`) or refused (`mark_dirty`)."""
+
+    state: _CtxState = None  # type: ignore[assignment]
+
+    def describe(self):
+        return "autograd Function ctx"
+
+    def var_getattr(self, tx, name):
+        if name in _CTX_METHODS:
+            return _CtxMethod(ctx=self, name=name)
+        if name == "saved_tensors":
+            if self.state.saved is None:
+                unsupported("ctx.saved_tensors before save_for_backward",
+                            BreakReason.UNSUPPORTED_CALL)
+            return TupleVariable(items=self.state.saved)
+        if name == "needs_input_grad":
+            return TupleVariable(items=tuple(ConstantVariable(value=b)
+                                             for b in self.state.needs_input_grad))
+        if name in self.state.attrs:
+            return self.state.attrs[name]
+        unsupported(f"attribute {name!r} of an autograd Function ctx",
+                    BreakReason.UNSUPPORTED_CALL)
+
+    def has_attr(self, tx, name):
+        return name in _CTX_METHODS or name in self.state.attrs or name == "needs_input_grad" \
+            or (name == "saved_tensors" and self.state.saved is not None)
+
+    def setattr(self, tx, name, value):
+        if name in _CTX_METHODS or name in ("saved_tensors", "needs_input_grad") or \
+                name.startswith("_") or hasattr(torch.autograd.function.FunctionCtx, name) or \
+                hasattr(torch._C._FunctionBase, name):
+            unsupported(f"store of ctx.{name} (an autograd attribute)",
+                        BreakReason.UNSUPPORTED_CALL)
+        self.state.attrs[name] = value
+
+
+def _save_for_backward(tx, ctx, args):
+    items = []
+    for a in args:
+        a = tx.realize(a)
+        if not (isinstance(a, TensorVariable) or
+                isinstance(a, ConstantVariable) and a.value is None):
+            unsupported(f"ctx.save_for_backward of {a.describe()}", BreakReason.UNSUPPORTED_CALL)
+        items.append(a)
+    ctx.state.saved = tuple(items)
+
+
+def _mark_non_differentiable(tx, ctx, args):
+    for a in args:
+        if not isinstance(tx.realize(a), TensorVariable):
+            unsupported("ctx.mark_non_differentiable of a non-tensor",
+                        BreakReason.UNSUPPORTED_CALL)
+
+
+def _set_materialize_grads(tx, ctx, args):
+    if len(args) != 1 or not tx.realize(args[0]).is_python_constant():
+        unsupported("ctx.set_materialize_grads with a non-constant", BreakReason.UNSUPPORTED_CALL)
+
+
+def _refuse(what):
+    def handler(tx, ctx, args):
+        unsupported(f"ctx.{what} (in-place or forward-AD autograd Functions are not captured)",
+                    BreakReason.UNSUPPORTED_CALL)
+    return handler
+
+
+def _in_forward(handler):
+    def checked(tx, ctx, args):
+        if ctx.state.in_backward:
+            unsupported("ctx method called in backward", BreakReason.UNSUPPORTED_CALL)
+        return handler(tx, ctx, args)
+    return checked
+
+
+_CTX_METHODS = {
+    "save_for_backward": _in_forward(_save_for_backward),
+    "mark_non_differentiable": _in_forward(_mark_non_differentiable),
+    "set_materialize_grads": _in_forward(_set_materialize_grads),
+    "mark_dirty": _refuse("mark_dirty"),
+    "save_for_forward": _refuse("save_for_forward"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class _CtxMethod(VariableTracker):
+    ctx: FunctionCtxVariable = None  # type: ignore[assignment]
+    name: str = ""
+
+    def describe(self):
+        return f"ctx.{self.name}"
+
+    def call_function(self, tx, args, kwargs):
+        if kwargs:
+            unsupported(f"ctx.{self.name} with keyword arguments", BreakReason.UNSUPPORTED_CALL)
+        _CTX_METHODS[self.name](tx, self.ctx, list(args))
+        return ConstantVariable(value=None)
