@@ -221,9 +221,34 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{mod}.{getattr(target, '__name__', target)}" if mod else str(target)
 
 
+def fx_nameable(target: Any) -> bool:
+    """Whether the code torch.fx generates for a `call_function` node can name `target`. fx
+    names a callable from torch by its qualified name (`torch.<module>.<__name__>`) and looks it
+    up at run time; a function whose `__name__` was rewritten (a `functools.wraps` wrapper such as
+    the function `torch.vmap` returns) is not there, and the graph would fail when called."""
+    try:
+        from torch.fx.graph import _is_from_torch
+        from torch.fx.node import _get_qualified_name
+    except ImportError:  # fx internals moved: nothing to check against
+        return True
+    try:
+        if not _is_from_torch(target):
+            return True
+        parts = _get_qualified_name(target).split(".")
+    except Exception:
+        return False
+    obj = torch if parts[0] == "torch" else None
+    for part in parts[1:]:
+        obj = getattr(obj, part, None)
+    return obj is target
+
+
 def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
     """Add `target(*args, **kwargs)` to the graph (`kind`: call_function / call_method) after
     running it on fake tensors; non-tensor results become constants (the node is dropped)."""
+    if kind == "call_function" and not fx_nameable(target):
+        unsupported(f"{_target_name(kind, target)}: a torch callable that a graph cannot name "
+                    f"(its __name__ is not where it lives)", BreakReason.UNSUPPORTED_CALL)
     pa, ea, pk, ek = fx_args(tx, args, kwargs)
 
     def run():
