@@ -100,7 +100,25 @@ class TensorVariable(VariableTracker):
         unsupported(f"tensor attribute .{name}", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        return hasattr(self.example, name)
+        if hasattr(self.cls, name):  # methods and properties: the class answers for every tensor
+            return hasattr(self.example, name)
+        # an instance attribute (`x.flag = True` before the call): in the real tensor's
+        # __dict__, which the fake example does not carry
+        if self.source is None:
+            if self.node.op == "placeholder":
+                unsupported(f"hasattr({self.describe()}, {name!r})", BreakReason.UNSUPPORTED_TYPE)
+            return False  # made by this trace (tensor attribute stores are refused)
+        real = _input_value(tx, self)
+        d = getattr(real, "__dict__", None)
+        if not isinstance(d, dict):
+            unsupported(f"hasattr({self.describe()}, {name!r})", BreakReason.UNSUPPORTED_TYPE)
+        from ferrodyn.guard_spec import GuardKind
+        from ferrodyn.source import DictOfSource
+        if name in d:
+            tx.output.install_guard(DictOfSource(self.source), GuardKind.DICT_KEYS, tuple(d))
+            return True
+        tx.output.install_guard(DictOfSource(self.source), GuardKind.DICT_LACKS, name)
+        return False
 
     def call_method(self, tx, name, args, kwargs):
         return call_tensor_method(tx, self, name, args, kwargs)
@@ -212,6 +230,15 @@ def fx_args(tx, args, kwargs):
         pk[k] = p
         ek[k] = e
     return pa, ea, pk, ek
+
+
+def _input_value(tx, var: "TensorVariable") -> Any:
+    """The real tensor behind a graph input (its placeholder's example input)."""
+    out = tx.output
+    for node, value in zip(out._placeholders, out.example_inputs):
+        if node is var.node:
+            return value
+    unsupported(f"{var.describe()}: no real value at compile time", BreakReason.UNSUPPORTED_TYPE)
 
 
 def _target_name(kind: str, target: Any) -> str:

@@ -351,13 +351,19 @@ class UserObjectVariable(ObjectLike):
             tx.realize(self.descriptor_attr(tx, name))  # guards the member's value
             return True
         found = super().has_attr(tx, name)
-        if not found and self.source is not None:
-            self.guard_absence(tx)
+        if self.source is not None and (not found or self._found_in_instance(tx, name)):
+            self.guard_absence(tx)  # the key sets decide, whichever the answer
         return found
 
+    def _found_in_instance(self, tx, name) -> bool:
+        """Whether `hasattr` found `name` in the object's own dicts (which can lose it on a
+        later call) rather than on its class."""
+        return lookup_class_attr(type(self.value), name) is _ABSENT
+
     def guard_absence(self, tx):
-        """An attribute found absent stays absent: guard the instance dict's keys (and, for
-        modules, those of the dicts `nn.Module.__getattr__` consults)."""
+        """An attribute found absent stays absent, one found present stays present: guard the
+        instance dict's keys (and, for modules, those of the dicts `nn.Module.__getattr__`
+        consults)."""
         from ferrodyn.guard_spec import GuardKind
         d = getattr(self.value, "__dict__", None)
         if not isinstance(d, dict):
