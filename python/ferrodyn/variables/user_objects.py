@@ -86,6 +86,16 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
             unsupported(f"{type(attr).__name__} {cls.__name__}.{name}",
                         BreakReason.UNSUPPORTED_CALL)
         return BoundMethodVariable(func=BuiltinVariable(fn=attr), obj=self_tracker)
+    if self_tracker is not None:
+        get = lookup_class_attr(type(attr), "__get__")
+        if isinstance(get, types.FunctionType):
+            # a non-data descriptor of Python code (`__get__` only; `functools.cached_property`):
+            # `type(attr).__get__(attr, obj, cls)`, not the value the class itself sees
+            return tx.realize(_lazy(get, None)).call_function(
+                tx, [_lazy(attr, src), self_tracker, ClassVariable(source=cls_source, value=cls)], {})
+        if get is not _ABSENT and not isinstance(attr, types.ClassMethodDescriptorType):
+            unsupported(f"descriptor {cls.__name__}.{name} ({type(attr).__name__}) read through "
+                        f"an instance", BreakReason.UNSUPPORTED_TYPE)
     return _lazy(getattr(cls, name), src)
 
 
@@ -454,6 +464,15 @@ class UserObjectVariable(ObjectLike):
         self.record_store(tx, name, DELETED)
 
     def descriptor_attr(self, tx, name):
+        cls = type(self.value)
+        attr = lookup_class_attr(cls, name)
+        get = lookup_class_attr(type(attr), "__get__") if attr is not _ABSENT else _ABSENT
+        if isinstance(get, types.FunctionType):
+            # a data descriptor of Python code: its `__get__` runs in the trace, so it sees
+            # what this frame changed (reading it now would return the state before the frame)
+            return tx.realize(_lazy(get, None)).call_function(
+                tx, [_lazy(attr, _sub(self.type_source(), lambda s: AttrSource(s, name))), self,
+                     ClassVariable(source=self.type_source(), value=cls)], {})
         try:
             value = getattr(self.value, name)
         except AttributeError as e:
