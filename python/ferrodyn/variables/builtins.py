@@ -89,11 +89,10 @@ def _classinfo(tx, classinfo):
 
 def _isinstance(tx, obj, classinfo):
     cls = _classinfo(tx, classinfo)
-    from ferrodyn.variables.tensor import TensorVariable, is_legacy_tensor_type
-    obj = tx.realize(obj)
-    if isinstance(obj, TensorVariable) and is_legacy_tensor_type(cls):
-        # torch.FloatTensor & co.: their metaclass checks dtype and device, not the class
-        return _c(isinstance(obj.example, cls))
+    from ferrodyn.variables.instancecheck import metaclass_isinstance
+    decided = metaclass_isinstance(tx, tx.realize(obj), cls)  # a metaclass's __instancecheck__
+    if decided is not None:
+        return _c(decided)
     try:
         return _c(issubclass(_type_of(tx, obj), cls))
     except TypeError as e:

@@ -232,14 +232,6 @@ def fx_args(tx, args, kwargs):
     return pa, ea, pk, ek
 
 
-def is_legacy_tensor_type(classinfo) -> bool:
-    """Whether a class (or tuple of classes) for isinstance holds a legacy tensor type
-    (`torch.FloatTensor`...), whose isinstance compares dtype and device."""
-    if isinstance(classinfo, tuple):
-        return any(is_legacy_tensor_type(c) for c in classinfo)
-    return type(classinfo) is type(torch.FloatTensor)
-
-
 def _input_value(tx, var: "TensorVariable") -> Any:
     """The real tensor behind a graph input (its placeholder's example input)."""
     out = tx.output
