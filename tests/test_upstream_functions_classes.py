@@ -118,3 +118,54 @@ def test_super_lookups_follow_class_changes():
     # where an intermediate class starts defining the name: ferrodyn guards that absence too
     _, tc = _run_changes(torch.compile)
     assert fd <= tc + 1, (fd, tc)
+
+
+class HashCounter:
+    """A user object whose __hash__/__eq__ record every call (eager calls neither below)."""
+
+    calls = 0
+
+    def __init__(self, v):
+        self.v = v
+
+    def __hash__(self):
+        HashCounter.calls += 1
+        return hash(self.v)
+
+    def __eq__(self, other):
+        HashCounter.calls += 1
+        return isinstance(other, HashCounter) and other.v == self.v
+
+
+def pass_through(x, obj):
+    return x * obj.v, obj
+
+
+def test_compiling_runs_no_user_hash_or_eq():
+    """Building a tracker for a user object ran its __hash__ (a lookup in the builtin tables):
+    user code at compile time, which also failed inside a frozen dataclass's __init__ (the
+    attributes its __hash__ reads are not set yet; PyTorch's test_frozen_dataclass_as_dict_key)."""
+    HashCounter.calls = 0
+    obj = HashCounter(3)
+    _, _, fd, tc = run_all(pass_through, torch.ones(2), obj)
+    HashCounter.calls = 0
+    compiled = ferrodyn.compile(pass_through, backend=CountingBackend())
+    compiled(torch.ones(2), obj)
+    compiled(torch.ones(2), obj)
+    assert HashCounter.calls == 0
+    assert fd == tc == 1, (fd, tc)
+
+
+def test_frozen_dataclass_key_built_in_the_frame():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Point:
+        x: int
+        y: int
+
+    def fn(t):
+        d = {Point(1, 2): t * 2, Point(3, 4): t * 3}
+        return d[Point(1, 2)] + d[Point(3, 4)]
+    _, _, fd, tc = run_all(fn, torch.ones(2))
+    assert fd <= tc, (fd, tc)

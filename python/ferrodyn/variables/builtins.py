@@ -18,6 +18,7 @@ import operator
 import sys
 import warnings
 from dataclasses import dataclass
+from types import FunctionType
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
@@ -616,6 +617,10 @@ FOLDABLE: frozenset = frozenset(
 
 
 def is_builtin_like(value: Any) -> bool:
+    cls = type(value)
+    if isinstance(getattr(cls, "__hash__", None), FunctionType) or \
+            isinstance(getattr(cls, "__eq__", None), FunctionType):
+        return False  # a user object: the lookup would run its __hash__/__eq__ at compile time
     try:
         return value in BUILTIN_HANDLERS or value in FOLDABLE
     except TypeError:
