@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import gc
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ferrodyn.exc import BreakReason
@@ -226,6 +227,15 @@ class SideEffects:
         """Whether `d` is the `__dict__` of an object whose attributes this trace assigned (it
         must not also become a dict tracker: its pending items live in this table)."""
         return self._written_dicts.get(id(d)) is d
+
+    def mutated_mapping(self, mapping: Any) -> bool:
+        """Whether this trace changed `mapping` (the dict behind a mappingproxy): as a dict
+        reached from the frame, as an object's `__dict__` through attribute stores, or as a
+        class namespace through class-attribute stores."""
+        if self._mutated_objs.get(id(mapping)) is mapping or self.is_written_instance_dict(mapping):
+            return True
+        return any(any(r is mapping for r in gc.get_referents(cls.__dict__))
+                   for cls, _ in self._class_attrs.values())
 
     def pending_attr(self, obj: Any, name: str) -> Any:
         """The tracker stored this trace, DELETED, or None (nothing pending)."""

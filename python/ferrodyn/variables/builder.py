@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import functools
 import enum
+import gc
 import logging
 import operator
 import types
@@ -234,14 +235,26 @@ def _build_getter(tx, value, source):
 
 
 def _build_mappingproxy(tx, value, source):
-    """A class `__dict__` (or any mappingproxy) of constant keys: read-only, items lazy."""
+    """A class `__dict__` (or any mappingproxy) of constant keys: read-only, items lazy. The
+    tracker is a snapshot of the proxied dict: a frame that also changes that dict (through
+    another name, attribute or class-attribute stores) is refused, now or when it does."""
     keys = tuple(value)
     if not all(is_constant_value(k) for k in keys):
         return None
+    target = gc.get_referents(value)  # a mappingproxy refers to exactly its mapping
+    side_effects = tx.output.side_effects
+
+    def check_not_mutated():
+        if len(target) != 1 or side_effects.mutated_mapping(target[0]):
+            unsupported(f"{source.name()}: a mappingproxy over a dict this frame changes (two "
+                        f"views of one dict are not modelled)", BreakReason.SIDE_EFFECT)
+    check_not_mutated()
+    side_effects.checks.append(check_not_mutated)
     _guard(tx, source, GuardKind.TYPE_MATCH, type(value))
     _guard(tx, source, GuardKind.DICT_KEYS, keys)
     items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
-    state = DictState(items, MutationType.EXISTING, cls=type(value), read_only=True)
+    state = DictState(items, MutationType.EXISTING, cls=type(value), read_only=True, source=source,
+                      obj=value)
     return DictVariable(source=source, state=state)
 
 

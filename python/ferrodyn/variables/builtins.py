@@ -18,6 +18,7 @@ import operator
 import sys
 import warnings
 from dataclasses import dataclass
+from types import FunctionType
 from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
@@ -89,6 +90,10 @@ def _classinfo(tx, classinfo):
 
 def _isinstance(tx, obj, classinfo):
     cls = _classinfo(tx, classinfo)
+    from ferrodyn.variables.instancecheck import metaclass_isinstance
+    decided = metaclass_isinstance(tx, tx.realize(obj), cls)  # a metaclass's __instancecheck__
+    if decided is not None:
+        return _c(decided)
     try:
         return _c(issubclass(_type_of(tx, obj), cls))
     except TypeError as e:
@@ -612,6 +617,10 @@ FOLDABLE: frozenset = frozenset(
 
 
 def is_builtin_like(value: Any) -> bool:
+    cls = type(value)
+    if isinstance(getattr(cls, "__hash__", None), FunctionType) or \
+            isinstance(getattr(cls, "__eq__", None), FunctionType):
+        return False  # a user object: the lookup would run its __hash__/__eq__ at compile time
     try:
         return value in BUILTIN_HANDLERS or value in FOLDABLE
     except TypeError:

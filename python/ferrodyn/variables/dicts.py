@@ -333,15 +333,31 @@ def _update(tx, d, other=None, **kwargs):
     items = d.mutable()
     if other is not None:
         other = tx.realize(other)
-        if isinstance(other, DictVariable):
+        from ferrodyn.variables.lists import each_item
+        if isinstance(other, DictVariable) and other.state.cls.__iter__ is dict.__iter__:
             items.update(other.state.items)
+        elif isinstance(other, DictVariable) or _has_keys(other):
+            # CPython's dict_merge for anything but a plain dict storage: a mapping is read
+            # through keys() (taken whole first) and __getitem__, never iterated for pairs
+            keys = list(each_item(tx, other.call_method(tx, "keys", [], {})))
+            for k in keys:
+                items[dict_key(tx, k)] = other.call_method(tx, "__getitem__", [k], {})
         else:
-            from ferrodyn.variables.lists import each_item
             for pair in each_item(tx, other):  # inserted one by one, as CPython does
                 k, v = tx.realize(pair).unpack(tx)
                 items[dict_key(tx, k)] = v
     items.update(kwargs)
     return ConstantVariable(value=None)
+
+
+def _has_keys(value) -> bool:
+    """Whether `dict.update(value)` takes `value` as a mapping (it has a `keys` attribute)."""
+    from ferrodyn.exc import Unsupported
+    try:
+        cls = value.python_type()
+    except Unsupported:
+        return False  # trackers without a modelled type are iterables of pairs here
+    return hasattr(cls, "keys")
 
 
 def _copy(tx, d):

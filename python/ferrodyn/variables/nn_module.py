@@ -142,13 +142,6 @@ class NNModuleVariable(UserObjectVariable):
         return [(k, _lazy(v, ItemSource(src, k) if src else None)) for k, v in d.items()
                 if v is not None]
 
-    def walk(self, tx, prefix: str = "") -> list[tuple[str, "NNModuleVariable"]]:
-        out = [(prefix, self)]
-        for k, child in self._children(tx, "_modules"):
-            child = tx.realize(child)
-            out.extend(child.walk(tx, f"{prefix}.{k}" if prefix else k))
-        return out
-
     def getitem(self, tx, index):
         handler = _GETITEM.get(type(self.value).__getitem__)
         if handler is not None:
@@ -181,59 +174,115 @@ def _seq_getitem(tx, mod: NNModuleVariable, index: VariableTracker) -> VariableT
     return got
 
 
+def _bind(tx, fn_name: str, args, kwargs, params: tuple[tuple[str, object], ...]) -> list:
+    """Constant values of `nn.Module.<fn_name>`'s parameters (name, default) bound from the
+    call's arguments; anything else is refused."""
+    from ferrodyn.variables.base import NotConstant
+    if len(args) > len(params) or set(kwargs) - {p for p, _ in params}:
+        unsupported(f"TypeError: nn.Module.{fn_name}() got unexpected arguments", BreakReason.EXCEPTION)
+    values = [d for _, d in params]
+    given = dict(zip((p for p, _ in params), args))
+    for k, v in kwargs.items():
+        if k in given:
+            unsupported(f"TypeError: nn.Module.{fn_name}() got multiple values for {k!r}",
+                        BreakReason.EXCEPTION)
+        given[k] = v
+    for i, (p, _) in enumerate(params):
+        if p in given:
+            try:
+                values[i] = tx.realize(given[p]).as_python_constant()
+            except NotConstant:
+                unsupported(f"nn.Module.{fn_name}({p}=<not a constant>)", BreakReason.UNSUPPORTED_CALL)
+    return values
+
+
+def _join(prefix: str, name: str) -> str:
+    return prefix + ("." if prefix else "") + name
+
+
+def _module_tree(tx, mod, prefix: str, remove_duplicate: bool) -> list[tuple[str, "NNModuleVariable"]]:
+    """`nn.Module.named_modules(prefix=..., remove_duplicate=...)`: preorder; a module already
+    yielded (with remove_duplicate) is skipped with its subtree."""
+    out, memo = [], set()
+
+    def visit(m, path):
+        if id(m.value) in memo:
+            return
+        if remove_duplicate:
+            memo.add(id(m.value))
+        out.append((path, m))
+        for k, child in m._children(tx, "_modules"):
+            visit(tx.realize(child), _join(path, k))
+    visit(mod, prefix)
+    return out
+
+
 def _named_tensors(dict_name):
-    def handler(tx, mod, prefix=None, recurse=None, remove_duplicate=None):
+    """`named_parameters` / `named_buffers` (`nn.Module._named_members`)."""
+    def handler(tx, mod, *args, **kwargs):
         from ferrodyn.variables.constant import ConstantVariable
         from ferrodyn.variables.lists import IteratorVariable, TupleVariable
-        rec = True if recurse is None else recurse.as_python_constant()
-        mods = mod.walk(tx) if rec else [("", mod)]
+        prefix, recurse, remove_duplicate = _bind(
+            tx, f"named{dict_name}", args, kwargs,
+            (("prefix", ""), ("recurse", True), ("remove_duplicate", True)))
+        mods = _module_tree(tx, mod, prefix, remove_duplicate) if recurse else [(prefix, mod)]
         out, seen = [], set()
         for path, m in mods:
             for k, v in m._children(tx, dict_name):
                 if id(v.value) in seen:
                     continue
-                seen.add(id(v.value))
-                name = f"{path}.{k}" if path else k
-                out.append(TupleVariable(items=(ConstantVariable(value=name), v)))
+                if remove_duplicate:
+                    seen.add(id(v.value))
+                out.append(TupleVariable(items=(ConstantVariable(value=_join(path, k)), v)))
         return IteratorVariable.over(out)
     return handler
 
 
-def _values(named):
+def _values(named, params):
+    """`parameters(recurse)` / `buffers(recurse)` / `modules()` / `children()`: the values of
+    the named variant called with the same (keyword) arguments."""
     def handler(tx, mod, *args, **kwargs):
+        from ferrodyn.variables.constant import ConstantVariable
         from ferrodyn.variables.lists import IteratorVariable
-        return IteratorVariable.over(t.items[1] for t in named(tx, mod, *args, **kwargs).unpack(tx))
+        values = _bind(tx, "values", args, kwargs, params)
+        kw = {p: ConstantVariable(value=v) for (p, _), v in zip(params, values)}
+        return IteratorVariable.over(t.items[1] for t in named(tx, mod, **kw).unpack(tx))
     return handler
 
 
-def _named_modules(tx, mod, memo=None, prefix=None, remove_duplicate=None):
+def _named_modules(tx, mod, *args, **kwargs):
     from ferrodyn.variables.constant import ConstantVariable
     from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+    memo, prefix, remove_duplicate = _bind(tx, "named_modules", args, kwargs,
+                                           (("memo", None), ("prefix", ""), ("remove_duplicate", True)))
+    if memo is not None:
+        unsupported("nn.Module.named_modules(memo=...) (a caller's set is not modelled)",
+                    BreakReason.UNSUPPORTED_CALL)
+    return IteratorVariable.over(TupleVariable(items=(ConstantVariable(value=path), m))
+                                 for path, m in _module_tree(tx, mod, prefix, remove_duplicate))
+
+
+def _named_children(tx, mod, *args, **kwargs):
+    from ferrodyn.variables.constant import ConstantVariable
+    from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+    _bind(tx, "named_children", args, kwargs, ())
     out, seen = [], set()
-    for path, m in mod.walk(tx):
-        if id(m.value) in seen:
-            continue
-        seen.add(id(m.value))
-        out.append(TupleVariable(items=(ConstantVariable(value=path), m)))
+    for k, v in mod._children(tx, "_modules"):
+        if id(tx.realize(v).value) not in seen:
+            seen.add(id(tx.realize(v).value))
+            out.append(TupleVariable(items=(ConstantVariable(value=k), v)))
     return IteratorVariable.over(out)
-
-
-def _named_children(tx, mod):
-    from ferrodyn.variables.constant import ConstantVariable
-    from ferrodyn.variables.lists import IteratorVariable, TupleVariable
-    return IteratorVariable.over(TupleVariable(items=(ConstantVariable(value=k), v))
-                                 for k, v in mod._children(tx, "_modules"))
 
 
 _TREE_METHODS: dict[str, Callable] = {
     "named_parameters": _named_tensors("_parameters"),
     "named_buffers": _named_tensors("_buffers"),
-    "parameters": _values(_named_tensors("_parameters")),
-    "buffers": _values(_named_tensors("_buffers")),
+    "parameters": _values(_named_tensors("_parameters"), (("recurse", True),)),
+    "buffers": _values(_named_tensors("_buffers"), (("recurse", True),)),
     "named_modules": _named_modules,
-    "modules": _values(_named_modules),
+    "modules": _values(_named_modules, ()),
     "named_children": _named_children,
-    "children": _values(_named_children),
+    "children": _values(_named_children, ()),
 }
 
 

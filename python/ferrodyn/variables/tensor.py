@@ -100,7 +100,25 @@ class TensorVariable(VariableTracker):
         unsupported(f"tensor attribute .{name}", BreakReason.UNSUPPORTED_TYPE)
 
     def has_attr(self, tx, name):
-        return hasattr(self.example, name)
+        if hasattr(self.cls, name):  # methods and properties: the class answers for every tensor
+            return hasattr(self.example, name)
+        # an instance attribute (`x.flag = True` before the call): in the real tensor's
+        # __dict__, which the fake example does not carry
+        if self.source is None:
+            if self.node.op == "placeholder":
+                unsupported(f"hasattr({self.describe()}, {name!r})", BreakReason.UNSUPPORTED_TYPE)
+            return False  # made by this trace (tensor attribute stores are refused)
+        real = _input_value(tx, self)
+        d = getattr(real, "__dict__", None)
+        if not isinstance(d, dict):
+            unsupported(f"hasattr({self.describe()}, {name!r})", BreakReason.UNSUPPORTED_TYPE)
+        from ferrodyn.guard_spec import GuardKind
+        from ferrodyn.source import DictOfSource
+        if name in d:
+            tx.output.install_guard(DictOfSource(self.source), GuardKind.DICT_KEYS, tuple(d))
+            return True
+        tx.output.install_guard(DictOfSource(self.source), GuardKind.DICT_LACKS, name)
+        return False
 
     def call_method(self, tx, name, args, kwargs):
         return call_tensor_method(tx, self, name, args, kwargs)
@@ -214,6 +232,15 @@ def fx_args(tx, args, kwargs):
     return pa, ea, pk, ek
 
 
+def _input_value(tx, var: "TensorVariable") -> Any:
+    """The real tensor behind a graph input (its placeholder's example input)."""
+    out = tx.output
+    for node, value in zip(out._placeholders, out.example_inputs):
+        if node is var.node:
+            return value
+    unsupported(f"{var.describe()}: no real value at compile time", BreakReason.UNSUPPORTED_TYPE)
+
+
 def _target_name(kind: str, target: Any) -> str:
     if kind == "call_method":
         return f"Tensor.{target}"
@@ -221,9 +248,34 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{mod}.{getattr(target, '__name__', target)}" if mod else str(target)
 
 
+def fx_nameable(target: Any) -> bool:
+    """Whether the code torch.fx generates for a `call_function` node can name `target`. fx
+    names a callable from torch by its qualified name (`torch.<module>.<__name__>`) and looks it
+    up at run time; a function whose `__name__` was rewritten (a `functools.wraps` wrapper such as
+    the function `torch.vmap` returns) is not there, and the graph would fail when called."""
+    try:
+        from torch.fx.graph import _is_from_torch
+        from torch.fx.node import _get_qualified_name
+    except ImportError:  # fx internals moved: nothing to check against
+        return True
+    try:
+        if not _is_from_torch(target):
+            return True
+        parts = _get_qualified_name(target).split(".")
+    except Exception:
+        return False
+    obj = torch if parts[0] == "torch" else None
+    for part in parts[1:]:
+        obj = getattr(obj, part, None)
+    return obj is target
+
+
 def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
     """Add `target(*args, **kwargs)` to the graph (`kind`: call_function / call_method) after
     running it on fake tensors; non-tensor results become constants (the node is dropped)."""
+    if kind == "call_function" and not fx_nameable(target):
+        unsupported(f"{_target_name(kind, target)}: a torch callable that a graph cannot name "
+                    f"(its __name__ is not where it lives)", BreakReason.UNSUPPORTED_CALL)
     pa, ea, pk, ek = fx_args(tx, args, kwargs)
 
     def run():

@@ -86,6 +86,16 @@ def class_attr_tracker(tx, cls: type, cls_source: Source | None, name: str, attr
             unsupported(f"{type(attr).__name__} {cls.__name__}.{name}",
                         BreakReason.UNSUPPORTED_CALL)
         return BoundMethodVariable(func=BuiltinVariable(fn=attr), obj=self_tracker)
+    if self_tracker is not None:
+        get = lookup_class_attr(type(attr), "__get__")
+        if isinstance(get, types.FunctionType):
+            # a non-data descriptor of Python code (`__get__` only; `functools.cached_property`):
+            # `type(attr).__get__(attr, obj, cls)`, not the value the class itself sees
+            return tx.realize(_lazy(get, None)).call_function(
+                tx, [_lazy(attr, src), self_tracker, ClassVariable(source=cls_source, value=cls)], {})
+        if get is not _ABSENT and not isinstance(attr, types.ClassMethodDescriptorType):
+            unsupported(f"descriptor {cls.__name__}.{name} ({type(attr).__name__}) read through "
+                        f"an instance", BreakReason.UNSUPPORTED_TYPE)
     return _lazy(getattr(cls, name), src)
 
 
@@ -351,13 +361,19 @@ class UserObjectVariable(ObjectLike):
             tx.realize(self.descriptor_attr(tx, name))  # guards the member's value
             return True
         found = super().has_attr(tx, name)
-        if not found and self.source is not None:
-            self.guard_absence(tx)
+        if self.source is not None and (not found or self._found_in_instance(tx, name)):
+            self.guard_absence(tx)  # the key sets decide, whichever the answer
         return found
 
+    def _found_in_instance(self, tx, name) -> bool:
+        """Whether `hasattr` found `name` in the object's own dicts (which can lose it on a
+        later call) rather than on its class."""
+        return lookup_class_attr(type(self.value), name) is _ABSENT
+
     def guard_absence(self, tx):
-        """An attribute found absent stays absent: guard the instance dict's keys (and, for
-        modules, those of the dicts `nn.Module.__getattr__` consults)."""
+        """An attribute found absent stays absent, one found present stays present: guard the
+        instance dict's keys (and, for modules, those of the dicts `nn.Module.__getattr__`
+        consults)."""
         from ferrodyn.guard_spec import GuardKind
         d = getattr(self.value, "__dict__", None)
         if not isinstance(d, dict):
@@ -448,6 +464,15 @@ class UserObjectVariable(ObjectLike):
         self.record_store(tx, name, DELETED)
 
     def descriptor_attr(self, tx, name):
+        cls = type(self.value)
+        attr = lookup_class_attr(cls, name)
+        get = lookup_class_attr(type(attr), "__get__") if attr is not _ABSENT else _ABSENT
+        if isinstance(get, types.FunctionType):
+            # a data descriptor of Python code: its `__get__` runs in the trace, so it sees
+            # what this frame changed (reading it now would return the state before the frame)
+            return tx.realize(_lazy(get, None)).call_function(
+                tx, [_lazy(attr, _sub(self.type_source(), lambda s: AttrSource(s, name))), self,
+                     ClassVariable(source=self.type_source(), value=cls)], {})
         try:
             value = getattr(self.value, name)
         except AttributeError as e:
@@ -747,21 +772,33 @@ class SuperVariable(VariableTracker):
         if self.cls not in mro:
             unsupported(f"TypeError: super({self.cls.__name__}, obj): obj is not an instance "
                         f"or subtype", BreakReason.EXCEPTION)
-        for klass in mro[mro.index(self.cls) + 1:]:
+        # the class found is reached as `type(obj).__mro__[i]`, so its attribute is guarded
+        owner_src = obj.source if inst is None else (
+            _sub(obj.source, TypeSource) or getattr(obj, "cls_source", None))
+        mro_src = _sub(owner_src, lambda s: AttrSource(s, "__mro__"))
+        for i, klass in enumerate(mro[mro.index(self.cls) + 1:], mro.index(self.cls) + 1):
             pending = tx.output.side_effects.pending_class_attr(klass, name)
             if pending is not None:
                 return pending
+            if name not in klass.__dict__:
+                if mro_src is not None:  # found later: this class must still not define it
+                    from ferrodyn.guard_spec import GuardKind
+                    tx.output.install_guard(DictOfSource(ItemSource(mro_src, i)), GuardKind.DICT_LACKS,
+                                            name)
+                continue
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if attr is object.__init__ and inst is not None:
                     from ferrodyn.variables.builtins import NoOpFunction
                     return NoOpFunction(name="object.__init__")
+                klass_src = _sub(mro_src, lambda s: ItemSource(s, i))
                 if isinstance(attr, classmethod):  # bound to the class looked up from
                     from ferrodyn.variables.functions import BoundMethodVariable
                     cls_var = obj if inst is None else ClassVariable(
                         source=_sub(obj.source, TypeSource), value=owner)
-                    return BoundMethodVariable(func=_lazy(attr.__func__, None), obj=cls_var)
-                return class_attr_tracker(tx, klass, None, name, attr, inst)
+                    func_src = _sub(klass_src, lambda s: AttrSource(AttrSource(s, name), "__func__"))
+                    return BoundMethodVariable(func=_lazy(attr.__func__, func_src), obj=cls_var)
+                return class_attr_tracker(tx, klass, klass_src, name, attr, inst)
         unsupported(f"AttributeError: super().{name}", BreakReason.EXCEPTION)
 
 
