@@ -180,7 +180,7 @@ def LOAD_METHOD(tx, inst):
 @opcode(since=(3, 12))
 def LOAD_SUPER_ATTR(tx, inst):
     """`super().name` (bit 0: method load; bit 1: two-argument super)."""
-    from ferrodyn.variables.user_objects import SuperVariable
+    from ferrodyn.variables.super_vars import SuperVariable
     obj = tx.pop()
     cls = tx.pop()
     tx.pop()  # the global `super`

@@ -42,9 +42,10 @@ from ferrodyn.variables.lists import ListState, ListVariable, TupleVariable
 from ferrodyn.variables.nn_module import NNModuleVariable
 from ferrodyn.variables.tensor import TensorVariable
 from ferrodyn.variables.torch_fns import TorchFunctionVariable, is_torch_callable
+from ferrodyn.variables.py_modules import PythonModuleVariable
 from ferrodyn.variables.user_objects import (
-    ClassVariable, NamedTupleVariable, PythonModuleVariable, UserObjectVariable,
-    is_identity_hashed, is_namedtuple_class, is_slots_class,
+    ClassVariable, NamedTupleVariable, UserObjectVariable, is_identity_hashed,
+    is_namedtuple_class, is_slots_class,
 )
 
 _SCALARS = (bool, int, float, str, bytes, complex)

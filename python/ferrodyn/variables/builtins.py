@@ -303,7 +303,7 @@ def _filter(tx, fn, iterable):
 
 
 def _super(tx, *args):
-    from ferrodyn.variables.user_objects import SuperVariable
+    from ferrodyn.variables.super_vars import SuperVariable
     if not args:
         cls, obj = tx.zero_arg_super()
     else:

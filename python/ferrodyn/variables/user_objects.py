@@ -1,13 +1,13 @@
 """Trackers for instances and classes of user code: objects from the frame, objects created
-while tracing (user classes, dataclasses), namedtuples (and torch's structseq results),
-classes, `super()`, and Python modules.
+while tracing (user classes, dataclasses), namedtuples (and torch's structseq results), and
+classes (`super()` objects: super_vars.py; Python modules: py_modules.py).
 
 Owns attribute lookup as CPython does it: a Python `__getattribute__` override is inlined (never
 bypassed; `hasattr` probes it), else the generic lookup (data descriptors and properties on the
 type, then the instance `__dict__`, then methods / class attributes, with Sources that read the
 instance dict directly, `DictOf(obj)['name']`), then a Python `__getattr__`; `__setattr__`,
 `__setitem__`, `__delitem__` overrides of new objects inlined; builtin slots found on the class
-bound to the instance; `super()` (zero-arg, two-arg, in classmethods); dataclass / namedtuple
+bound to the instance; dataclass / namedtuple
 reconstruction; objects with `__slots__` only (members read through their descriptors, each
 read guarded by its source); objects that key dicts by identity (`identity_dict_key`).
 Class-attribute stores are checked in class_attrs.py (lookups here consult its pending values
@@ -26,7 +26,7 @@ from typing import Any
 from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
-from ferrodyn.variables.base import LazyVariable, VariableTracker, instance_has_attr, unsupported
+from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.lists import TupleVariable
 
@@ -750,100 +750,3 @@ def construct_instance(tx, cls: type, args, kwargs,
     tx.realize(class_attr_tracker(tx, cls, cls_source, "__init__", init, obj)).call_function(
         tx, args, kwargs)
     return obj
-
-
-@dataclass(frozen=True, eq=False)
-class SuperVariable(VariableTracker):
-    """`super(cls, obj)`: attribute lookup starts after `cls` in type(obj)'s MRO."""
-
-    cls: type = object
-    obj: VariableTracker = None  # type: ignore[assignment]
-
-    def describe(self):
-        return f"super({self.cls.__name__})"
-
-    def var_getattr(self, tx, name):
-        obj = tx.realize(self.obj)
-        if isinstance(obj, ClassVariable) and issubclass(obj.value, self.cls):
-            owner, inst = obj.value, None  # super(cls, subclass): in classmethods
-        else:
-            owner, inst = obj.python_type(), obj
-        mro = owner.__mro__
-        if self.cls not in mro:
-            unsupported(f"TypeError: super({self.cls.__name__}, obj): obj is not an instance "
-                        f"or subtype", BreakReason.EXCEPTION)
-        # the class found is reached as `type(obj).__mro__[i]`, so its attribute is guarded
-        owner_src = obj.source if inst is None else (
-            _sub(obj.source, TypeSource) or getattr(obj, "cls_source", None))
-        mro_src = _sub(owner_src, lambda s: AttrSource(s, "__mro__"))
-        for i, klass in enumerate(mro[mro.index(self.cls) + 1:], mro.index(self.cls) + 1):
-            pending = tx.output.side_effects.pending_class_attr(klass, name)
-            if pending is not None:
-                return pending
-            if name not in klass.__dict__:
-                if mro_src is not None:  # found later: this class must still not define it
-                    from ferrodyn.guard_spec import GuardKind
-                    tx.output.install_guard(DictOfSource(ItemSource(mro_src, i)), GuardKind.DICT_LACKS,
-                                            name)
-                continue
-            if name in klass.__dict__:
-                attr = klass.__dict__[name]
-                if attr is object.__init__ and inst is not None:
-                    from ferrodyn.variables.builtins import NoOpFunction
-                    return NoOpFunction(name="object.__init__")
-                klass_src = _sub(mro_src, lambda s: ItemSource(s, i))
-                if isinstance(attr, classmethod):  # bound to the class looked up from
-                    from ferrodyn.variables.functions import BoundMethodVariable
-                    cls_var = obj if inst is None else ClassVariable(
-                        source=_sub(obj.source, TypeSource), value=owner)
-                    func_src = _sub(klass_src, lambda s: AttrSource(AttrSource(s, name), "__func__"))
-                    return BoundMethodVariable(func=_lazy(attr.__func__, func_src), obj=cls_var)
-                return class_attr_tracker(tx, klass, klass_src, name, attr, inst)
-        unsupported(f"AttributeError: super().{name}", BreakReason.EXCEPTION)
-
-
-@dataclass(frozen=True, eq=False)
-class PythonModuleVariable(VariableTracker):
-    """A Python module (`math`, `torch`, a config module). Attributes of torch modules are not
-    guarded (torch is not patched between calls); others are guarded like any global."""
-
-    value: types.ModuleType = None  # type: ignore[assignment]
-
-    def python_type(self):
-        return types.ModuleType
-
-    def as_python_constant(self):
-        return self.value
-
-    def identity(self):
-        return ("obj", id(self.value))
-
-    def describe(self):
-        return f"module {self.value.__name__}"
-
-    def var_getattr(self, tx, name):
-        from ferrodyn.variables.builder import build_unsourced
-        import torch
-        try:
-            value = getattr(self.value, name)
-        except AttributeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
-        modname = self.value.__name__
-        if (modname == "torch" or modname.startswith("torch.")) and \
-                not isinstance(value, torch.Tensor) and \
-                not _is_mutable_config(value):
-            return build_unsourced(value)
-        if self.source is None:
-            return build_unsourced(value)
-        return LazyVariable(source=AttrSource(self.source, name), value=value)
-
-    def has_attr(self, tx, name):
-        return hasattr(self.value, name)
-
-    def reconstruct(self, tx):
-        from ferrodyn.trace_result import OutConst
-        return OutConst(self.value) if self.source is None else super().reconstruct(tx)
-
-
-def _is_mutable_config(value) -> bool:
-    return isinstance(value, (bool, int, float, str)) and not isinstance(value, type)

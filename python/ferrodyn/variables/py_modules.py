@@ -1,0 +1,61 @@
+"""Python modules as values: `PythonModuleVariable` owns attribute reads of a module (`math`,
+`torch`, a config module): attributes of torch modules are not guarded (torch is not patched
+between calls) except mutable config scalars; others are guarded like any global. Does not own
+globals of the frame (symbolic/opcodes_load_store.py).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+from ferrodyn.exc import BreakReason
+from ferrodyn.source import AttrSource
+from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+
+
+@dataclass(frozen=True, eq=False)
+class PythonModuleVariable(VariableTracker):
+    """A Python module (`math`, `torch`, a config module). Attributes of torch modules are not
+    guarded (torch is not patched between calls); others are guarded like any global."""
+
+    value: types.ModuleType = None  # type: ignore[assignment]
+
+    def python_type(self):
+        return types.ModuleType
+
+    def as_python_constant(self):
+        return self.value
+
+    def identity(self):
+        return ("obj", id(self.value))
+
+    def describe(self):
+        return f"module {self.value.__name__}"
+
+    def var_getattr(self, tx, name):
+        from ferrodyn.variables.builder import build_unsourced
+        import torch
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as e:
+            unsupported(str(e), BreakReason.EXCEPTION)
+        modname = self.value.__name__
+        if (modname == "torch" or modname.startswith("torch.")) and \
+                not isinstance(value, torch.Tensor) and \
+                not _is_mutable_config(value):
+            return build_unsourced(value)
+        if self.source is None:
+            return build_unsourced(value)
+        return LazyVariable(source=AttrSource(self.source, name), value=value)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        return OutConst(self.value) if self.source is None else super().reconstruct(tx)
+
+
+def _is_mutable_config(value) -> bool:
+    return isinstance(value, (bool, int, float, str)) and not isinstance(value, type)
