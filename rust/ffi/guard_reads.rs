@@ -15,7 +15,8 @@
 //!   `_PyObject_ManagedDictPointer`, 3.11, a `PyObject*` at word -3, NULL while the attributes
 //!   live in inline values; 3.12 `_PyObject_DictOrValuesPointer`, the same word, with the values
 //!   pointer tagged by its low bit); `tp_dictoffset` > 0 for other types.
-//! - `PyFunctionObject.func_globals` (Include/cpython/funcobject.h), a read-only member.
+//! - `PyFunctionObject.func_globals` (Include/cpython/funcobject.h), a read-only member, and
+//!   `func_code` (writable through `__code__`: read afresh, never remembered).
 //! - `PyWeakReference.wr_object` (Include/cpython/weakrefobject.h), the referent of an identity
 //!   leaf's weak reference ([`weakref_referent`], verified on first use).
 //!
@@ -180,6 +181,17 @@ impl Held {
         // SAFETY: an exact function object; func_globals is never NULL.
         let g = unsafe { (*(self.0 as *mut ffi::PyFunctionObject)).func_globals };
         (!g.is_null()).then_some(Held(g))
+    }
+
+    /// `f.__code__` of an exact Python function (writable: the caller reads it afresh on
+    /// every check and never remembers it).
+    pub fn function_code(self) -> Option<Held> {
+        if !self.is_exact(std::ptr::addr_of_mut!(ffi::PyFunction_Type)) {
+            return None;
+        }
+        // SAFETY: an exact function object; func_code is never NULL (its setter refuses None).
+        let c = unsafe { (*(self.0 as *mut ffi::PyFunctionObject)).func_code };
+        (!c.is_null()).then_some(Held(c))
     }
 
     /// Whether the object is a type whose metatype is exactly `type`.

@@ -40,7 +40,7 @@ use super::access::Access;
 use super::consts::Const;
 use super::leaves::{IdRef, Leaf, LeafKind};
 use super::shape_leaf::{PlanRead, ShapeLeaf, SymRead, PLAN_SYMS, PLAN_TENSORS};
-use super::tree::{GuardTree, Node};
+use super::tree::{FuncAttr, GuardTree, Node};
 use super::{GuardInput, Locals};
 use crate::ffi::guard_reads::{self as raw, Held};
 use crate::ffi::tensor::{check_expect_with, Packed};
@@ -641,8 +641,12 @@ fn read_child(node: &Node, cache: &NodeCache, parent: Val) -> Option<Val> {
         Access::Attr(_) => {
             if p.is_plain_type() {
                 cache.hit(raw::type_version(p)? as u64, p.addr())?
-            } else if node.globals_attr {
-                p.function_globals()?
+            } else if let Some(f) = node.func_attr {
+                match f {
+                    FuncAttr::Globals => p.function_globals()?,
+                    // writable, but read afresh on every check: always the current one
+                    FuncAttr::Code => p.function_code()?,
+                }
             } else {
                 return None;
             }

@@ -17,26 +17,32 @@ pub(crate) struct Node {
     pub access: Access,
     pub parent: Option<usize>,
     pub source: String,
-    /// `.__globals__` (read directly from exact functions when replaying).
-    pub globals_attr: bool,
+    /// `.__globals__` / `.__code__` (read directly from exact functions when replaying).
+    pub func_attr: Option<FuncAttr>,
+}
+
+/// A field of a function object that the replay reads directly.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum FuncAttr {
+    Globals,
+    Code,
 }
 
 impl Node {
     pub(crate) fn new(access: Access, parent: Option<usize>, source: String) -> Node {
-        let globals_attr = match &access {
-            Access::Attr(name) => Python::attach(|py| {
-                name.bind(py)
-                    .to_str()
-                    .map(|s| s == "__globals__")
-                    .unwrap_or(false)
+        let func_attr = match &access {
+            Access::Attr(name) => Python::attach(|py| match name.bind(py).to_str() {
+                Ok("__globals__") => Some(FuncAttr::Globals),
+                Ok("__code__") => Some(FuncAttr::Code),
+                _ => None,
             }),
-            _ => false,
+            _ => None,
         };
         Node {
             access,
             parent,
             source,
-            globals_attr,
+            func_attr,
         }
     }
 }

@@ -190,6 +190,9 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         return _closure_by_code(tx, var, value, source)
     if var is not None:
         _guard(tx, source, GuardKind.ID_MATCH, value)
+        if isinstance(var, UserFunctionVariable):
+            # `fn.__code__` is writable: the same function object can run other code later
+            _guard(tx, AttrSource(source, "__code__"), GuardKind.ID_MATCH, value.__code__)
         return var
     var = _build_object_model(tx, value, source)
     if var is not None:
