@@ -36,7 +36,7 @@ def _same(got, want):
         assert got == want
 
 
-def run_both(fn, *args, calls=3, at_most_torch=True):
+def run_both(fn, *args, calls=3, at_most_torch=True, torch_may_fail=False):
     torch._dynamo.reset()
     ours, theirs = CountingBackend(), CountingBackend()
     cf = ferrodyn.compile(fn, backend=ours)
@@ -51,7 +51,12 @@ def run_both(fn, *args, calls=3, at_most_torch=True):
         assert not torch.is_autocast_enabled("cpu")
         counts.append(ours.count)
     assert counts[-1] == counts[1], counts  # no recompile after the first call
-    torch.compile(fn, backend=theirs)(*args)
+    try:
+        torch.compile(fn, backend=theirs)(*args)
+    except torch._dynamo.exc.InternalTorchDynamoError:
+        if not torch_may_fail:
+            raise
+        return ours, None
     if at_most_torch:  # torch.compile runs a frame with a break inside `try` eagerly
         assert ours.count <= theirs.count, (ours.count, theirs.count)
     return ours, theirs
@@ -176,7 +181,10 @@ def cpu_amp(x):
 def test_cpu_amp_autocast(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_both(cpu_amp, torch.randn(4, 4))
+        # torch.compile (2.15) on CPython 3.13 fails inside Dynamo on torch.cpu.amp.autocast
+        # (InternalTorchDynamoError: KeyError: dtype): then only eager is the reference
+        ours, _ = run_both(cpu_amp, torch.randn(4, 4), torch_may_fail=True)
+    assert ours.count == 2
 
 
 # -- refused: the frame (or the break) falls back, with eager's values ------------------------
