@@ -109,7 +109,35 @@ def test_interpreter_frame_mirror(fn, args, kwargs):
     assert raw["stack_top_ok"] == 1
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="3.11 reads no PyThreadState field")
+def test_thread_state_trace_fields():
+    """`c_tracefunc` / `c_profilefunc` read through the PyThreadState mirror (every minor):
+    the direct call of a cached entry (rust/cache/direct.rs) is not taken while either is
+    set."""
+    def traced():
+        return _C._debug_hook_state()["thread_traced"]
+
+    assert traced() is False
+    for setter in (sys.settrace, sys.setprofile):
+        setter(lambda *a: None)
+        try:
+            on = traced()
+        finally:
+            setter(None)
+        assert on is True and traced() is False
+    # per thread: another thread with a profile function, this one without
+    seen = {}
+
+    def worker():
+        sys.setprofile(lambda *a: None)
+        seen["worker"] = traced()
+        sys.setprofile(None)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["worker"] is True and traced() is False
+
+
 def test_thread_state_mirror():
     def ids():
         return _C._debug_hook_state()["thread_ids"]

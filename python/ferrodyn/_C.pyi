@@ -46,6 +46,11 @@ class CacheEntry:
     in the order of `FrameView.args`, followed by the closure cells (cell objects, in
     `co_freevars` order) when the code has free variables, followed by the values of the guard
     tree's exported nodes (`GuardBuilder.export`), if any. `fn`'s return value is the frame's.
+
+    `direct=(graph, ((is_export, index), ...), out, fence)`: when `fn` only returns
+    `graph(*inputs)[out]`, a hit calls `graph` itself (each input argument slot `index`, or
+    exported value `index`), under `set_eval_frame(False)` when `fence`, and returns item `out`
+    of its result, without running `fn`'s frame (unless a trace or profile function is set).
     """
 
     def __init__(
@@ -55,7 +60,10 @@ class CacheEntry:
         *,
         backend_id: int = 0,
         compile_id: str = "",
+        direct: tuple[Callable[..., Any], tuple[tuple[bool, int], ...], int, bool] | None = None,
     ) -> None: ...
+    @property
+    def has_direct_call(self) -> bool: ...
     @property
     def fn(self) -> Callable[..., Any]: ...
     @property

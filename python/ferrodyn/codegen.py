@@ -407,6 +407,32 @@ def generate_entry(code: CodeType, result: TraceResult, graph_fn: Callable[..., 
     return fn
 
 
+def direct_call(code: CodeType, result: TraceResult, graph_fn: Callable[..., Any] | None,
+                *, fence: bool, exported: Sequence[Source] = ()) -> tuple | None:
+    """The plan of the entry's direct call (rust/cache/direct.rs), or None: when the entry
+    `generate_entry` makes for the same arguments only computes `graph_fn(*inputs)[k]` (every
+    input an argument slot of the frame or an exported value; no side effects, no graph break),
+    a cache hit may call `graph_fn` itself instead of running the entry's frame. The entry
+    function stays the reference (what runs whenever the direct call is not taken), so the two
+    must agree: this mirrors `generate_entry`'s `graph_call` and `_out_graph`."""
+    out = result.output
+    if graph_fn is None or result.side_effects or result.graph_break is not None or \
+            type(out) is not OutGraph:
+        return None
+    nslots = argument_slot_count(code)
+    exported_at = {src: j for j, src in enumerate(exported)}
+    args = []
+    for src in result.graph_inputs:
+        j = exported_at.get(src)
+        if j is not None:
+            args.append((True, j))
+        elif type(src) is LocalSource and 0 <= src.index < nslots:
+            args.append((False, src.index))
+        else:
+            return None
+    return (graph_fn, tuple(args), out.index, fence)
+
+
 # kept for code that renders sources as Python text (explain, logs)
-__all__ = ["generate_entry", "argument_slot_count", "EntryEmitter", "entry_emitter",
+__all__ = ["generate_entry", "direct_call", "argument_slot_count", "EntryEmitter", "entry_emitter",
            "SOURCE_LOADERS", "OUT_RENDERERS", "listing"]

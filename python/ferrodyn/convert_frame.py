@@ -421,7 +421,9 @@ class FrameCallback:
                         _where(code), type(e).__name__, e)
             return self._run_eager(code, frame, e)
         compile_id = _compile_id(code, n_entries)
-        entry = _C.CacheEntry(fn, tree, backend_id=self.backend_id, compile_id=compile_id)
+        direct = codegen.direct_call(code, result, graph_fn, fence=fence, exported=exported)
+        entry = _C.CacheEntry(fn, tree, backend_id=self.backend_id, compile_id=compile_id,
+                              direct=direct)
         self._log_compiled(code, gm, fn, tree, compile_id)
         if recorders:
             record = GraphRecord(code, result, tree, compile_id, list(reasons))

@@ -5,6 +5,7 @@
 //!
 //! Owns: entry storage and order, the limit and its one-time warning, the counters, `reset()`.
 //! Does not own: the frame hook (`crate::eval_frame`), guard evaluation (`crate::guards`).
+pub mod direct;
 pub mod policy;
 
 use std::ffi::CString;
@@ -18,6 +19,7 @@ use pyo3::types::{PyCode, PyDict};
 use crate::ffi::code_extra;
 use crate::ffi::gil_lock::GilLock;
 use crate::guards::{GuardInput, GuardTree};
+use direct::DirectCall;
 use policy::EntryList;
 
 /// A compiled entry for one code object (see `_C.pyi`).
@@ -28,17 +30,20 @@ pub struct CacheEntry {
     backend_id: i64,
     compile_id: String,
     hits: AtomicU64,
+    /// The direct call that may replace running `func` (see [`direct`]).
+    direct: Option<Arc<DirectCall>>,
 }
 
 #[pymethods]
 impl CacheEntry {
     #[new]
-    #[pyo3(signature = (r#fn, guards, *, backend_id = 0, compile_id = String::new()))]
+    #[pyo3(signature = (r#fn, guards, *, backend_id = 0, compile_id = String::new(), direct = None))]
     fn py_new(
         r#fn: Bound<'_, PyAny>,
         guards: Bound<'_, GuardTree>,
         backend_id: i64,
         compile_id: String,
+        direct: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         if !r#fn.is_callable() {
             return Err(pyo3::exceptions::PyTypeError::new_err(
@@ -51,7 +56,17 @@ impl CacheEntry {
             backend_id,
             compile_id,
             hits: AtomicU64::new(0),
+            direct: match direct {
+                Some(d) if !d.is_none() => Some(Arc::new(DirectCall::parse(&d)?)),
+                _ => None,
+            },
         })
+    }
+
+    /// Whether a hit may call the graph directly (see `rust/cache/direct.rs`).
+    #[getter]
+    fn has_direct_call(&self) -> bool {
+        self.direct.is_some()
     }
 
     #[getter(r#fn)]
@@ -300,7 +315,7 @@ pub fn lookup<'py>(
     backend_id: i64,
     exports: &mut Vec<Bound<'py, PyAny>>,
     count_failures: bool,
-) -> (Option<Bound<'py, PyAny>>, bool) {
+) -> (Option<Hit<'py>>, bool) {
     // The first entry (the most recently hit) is checked without a snapshot of the list: a
     // strong reference (a Python incref) keeps it alive while its guards run.
     let Some(first) = state.list(py, |l| l.first().map(|e| e.bind(py).clone())) else {
@@ -343,6 +358,13 @@ pub fn lookup<'py>(
     (None, errors)
 }
 
+/// A hit: the entry's function (a strong reference: running it may reset the cache and drop
+/// the entry) and its direct call, if it has one.
+pub struct Hit<'py> {
+    pub func: Bound<'py, PyAny>,
+    pub direct: Option<Arc<DirectCall>>,
+}
+
 /// One lookup's check of its entries (see [`lookup`]).
 struct Attempt<'a, 'i, 'py> {
     input: &'a GuardInput<'i, 'py>,
@@ -359,7 +381,7 @@ impl<'py> Attempt<'_, '_, 'py> {
         py: Python<'py>,
         entry: &CacheEntry,
         exports: &mut Vec<Bound<'py, PyAny>>,
-    ) -> Option<Bound<'py, PyAny>> {
+    ) -> Option<Hit<'py>> {
         if !backend_matches(entry.backend_id, self.backend_id) {
             return None;
         }
@@ -381,7 +403,10 @@ impl<'py> Attempt<'_, '_, 'py> {
         if pass {
             entry.record_hit();
             bump(&HITS);
-            return Some(entry.func.bind(py).clone());
+            return Some(Hit {
+                func: entry.func.bind(py).clone(),
+                direct: entry.direct.clone(),
+            });
         }
         *self.errors = true;
         if self.count_failures {

@@ -28,6 +28,7 @@ use pyo3::types::{PyDict, PyString, PyTuple, PyWeakrefMethods, PyWeakrefReferenc
 use super::thread::{self, Installed};
 use crate::ffi::guard_reads::{self as reads, Held};
 use crate::ffi::method;
+use crate::ffi::torch_state::TracingReader;
 use crate::ffi::object::{
     self as raw, enable_vectorcall, vectorcall_slot, VectorArgs, VectorcallSlot, VectorcallTarget,
 };
@@ -66,6 +67,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CompiledFunction>()?;
     m.add_class::<ModuleCall>()?;
     m.add_class::<ModuleCallSlot>()?;
+    m.add_function(wrap_pyfunction!(_debug_is_tracing, m)?)?;
     let sample = Bound::new(
         py,
         CompiledFunction {
@@ -524,6 +526,45 @@ impl VectorcallTarget for ModuleCall {
     }
 }
 
+/// torch's C++ reader of the JIT tracing state (`crate::ffi::torch_state::TracingReader`),
+/// if found in the loaded `libtorch_cpu.so` and in agreement with `torch._C._is_tracing()`
+/// (tests/test_native_call.py also checks it inside a `torch.jit.trace`).
+fn tracing_reader(py: Python<'_>) -> Option<&'static TracingReader> {
+    static READER: pyo3::sync::PyOnceLock<Option<TracingReader>> = pyo3::sync::PyOnceLock::new();
+    READER
+        .get_or_init(py, || {
+            let find = || -> PyResult<Option<TracingReader>> {
+                let torch = py.import("torch")?;
+                let file: String = torch.getattr("__file__")?.extract()?;
+                let lib = std::path::Path::new(&file).with_file_name("lib");
+                let Some(r) = TracingReader::resolve(&lib.join("libtorch_cpu.so").to_string_lossy())
+                else {
+                    return Ok(None);
+                };
+                let now: bool = torch.getattr("_C")?.call_method0("_is_tracing")?.extract()?;
+                Ok((r.is_tracing() == now).then_some(r))
+            };
+            find().unwrap_or(None)
+        })
+        .as_ref()
+}
+
+/// Whether a JIT trace runs on this thread, as `torch._C._is_tracing()` says (through the
+/// direct reader when there is one), for tests.
+#[pyfunction]
+pub fn _debug_is_tracing(py: Python<'_>) -> PyResult<(bool, bool)> {
+    let direct = tracing_reader(py).is_some();
+    let v = match tracing_reader(py) {
+        Some(r) => r.is_tracing(),
+        None => py
+            .import("torch")?
+            .getattr("_C")?
+            .call_method0("_is_tracing")?
+            .is_truthy()?,
+    };
+    Ok((v, direct))
+}
+
 impl ModuleCall {
     fn dispatch<'py>(&self, py: Python<'py>, call: Call<'_, 'py>) -> PyResult<Bound<'py, PyAny>> {
         let Some(wrapper) = self.wrapper.bind(py).upgrade() else {
@@ -535,8 +576,12 @@ impl ModuleCall {
         let wrapper_plain =
             self.no_hooks_global(py) && self.wrapper_plain(py, &wrapper, target) && {
                 // JIT tracing is thread-local C++ state with no Python-visible flag: asked
-                // every call.
-                !self.is_tracing.bind(py).call0()?.is_truthy()?
+                // every call, of torch's own reader where it was found and agreed with
+                // `torch._C._is_tracing()`.
+                !match tracing_reader(py) {
+                    Some(r) => r.is_tracing(),
+                    None => self.is_tracing.bind(py).call0()?.is_truthy()?,
+                }
             };
         if !wrapper_plain {
             // Hooks on the wrapper (or global ones, or JIT tracing): nn.Module.__call__ runs
@@ -548,9 +593,17 @@ impl ModuleCall {
         if self.inline || !self.orig_plain(py, orig) {
             return t.call_under(py, t.func.bind(py), &call);
         }
-        let forward = match self.orig_stamp.forward() {
-            Some(f) => method::bound_method(f, orig)?,
-            None => orig.getattr(intern!(py, "forward"))?,
+        let forward = match (self.orig_stamp.forward(), &call) {
+            // The remembered `forward` called with the module first: what the bound method
+            // would do, without making one.
+            (Some(f), Call::Vector(v)) => {
+                let saved = thread::enter(py, &t.installed)?;
+                let r = v.forward_with_first(f, orig);
+                thread::exit(py, saved);
+                return r;
+            }
+            (Some(f), Call::Tuple(..)) => method::bound_method(f, orig)?,
+            (None, _) => orig.getattr(intern!(py, "forward"))?,
         };
         t.call_under(py, &forward, &call)
     }

@@ -47,6 +47,7 @@ fn _debug_hook_state(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         d.set_item(k, v)?;
     }
     d.set_item("thread_ids", hook::debug_thread_ids(py))?;
+    d.set_item("thread_traced", hook::debug_thread_traced(py))?;
     Ok(d)
 }
 

@@ -18,6 +18,7 @@ mod view;
 use pyo3::prelude::*;
 use pyo3::types::PyCode;
 
+use crate::cache::direct::DirectCall;
 use crate::cache::{self, CacheEntry, CodeFlag};
 use crate::ffi::code_extra;
 use crate::ffi::frame::{FrameAction, InterceptedFrame};
@@ -79,11 +80,16 @@ pub fn on_frame_cached(
             // next attaches. Hits on the first entry (the common case) skip this.
             Python::attach(|_| ());
         }
-        if let Some(f) = hit {
+        if let Some(hit) = hit {
+            if let Some(d) = hit.direct.as_deref() {
+                if let Some(r) = call_direct(frame, d, &exports) {
+                    return Some(FrameAction::Return(r.map(Bound::unbind)));
+                }
+            }
             // `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it
             // the values of exported nodes (graph inputs read during the check) takes them last.
             return Some(FrameAction::Return(
-                frame.call_with_slots(&f, &exports).map(Bound::unbind),
+                frame.call_with_slots(&hit.func, &exports).map(Bound::unbind),
             ));
         }
     }
@@ -92,6 +98,36 @@ pub fn on_frame_cached(
     }
     None
 }
+
+/// A hit's direct call (`crate::cache::direct`): the graph called with the frame's slots and
+/// the exports, fenced like the entry function's call when the plan says so. None when it
+/// cannot be taken (a trace or profile function would see the entry's frame; an unbound slot):
+/// the entry function runs instead.
+fn call_direct<'py>(
+    frame: &InterceptedFrame<'py>,
+    d: &DirectCall,
+    exports: &[Bound<'py, PyAny>],
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    if frame.thread_traced() {
+        return None;
+    }
+    let py = frame.py();
+    let graph = d.graph.bind(py);
+    if !d.fence {
+        return frame.call_direct(graph, &d.args, exports, d.out);
+    }
+    let fence = FENCE.get_or_try_init(py, || thread::Installed::parse(&pyo3::types::PyBool::new(py, false))).ok()?;
+    let saved = match thread::enter(py, fence) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    let r = frame.call_direct(graph, &d.args, exports, d.out);
+    thread::exit(py, saved);
+    r
+}
+
+/// What the entry's fence installs around its graph call: `set_eval_frame(False)`.
+static FENCE: pyo3::sync::PyOnceLock<thread::Installed> = pyo3::sync::PyOnceLock::new();
 
 /// The miss path (a callback is set and no entry passed): the limit, then the callback.
 pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {

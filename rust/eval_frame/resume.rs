@@ -127,7 +127,7 @@ fn lookup<'py>(
         // As in the hook: free what a failing guard released into pyo3's deferred pool.
         Python::attach(|_| ());
     }
-    hit.map(|f| (f, exports))
+    hit.map(|h| (h.func, exports))
 }
 
 /// `resume_call(fn)`: the callable an entry calls its resume function `fn` through (see the

@@ -22,6 +22,15 @@ use pyo3::types::{PyCode, PyDict, PyTuple};
 use pyo3::Borrowed;
 
 use super::slots::Slots;
+
+/// Where one argument of [`InterceptedFrame::call_direct`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectArg {
+    /// The frame's argument slot `i`.
+    Slot(u32),
+    /// Exported value `j`.
+    Export(u32),
+}
 use crate::cache::CodeState;
 
 #[cfg(not(Py_3_12))]
@@ -384,6 +393,58 @@ impl<'py> InterceptedFrame<'py> {
         }
     }
 
+    /// Whether the thread has a trace or profile function set (they would see the frames
+    /// that run in this one's place).
+    pub fn thread_traced(&self) -> bool {
+        // SAFETY: the thread state the hook was given, live, GIL held.
+        unsafe { version::thread_traced(self.tstate) }
+    }
+
+    /// `graph(*args)[out]`, each argument one of the frame's argument slots or one of
+    /// `exports`, by vectorcall from one array of borrowed pointers (no tuple, no references
+    /// taken): a cached entry's direct call (`crate::cache::direct`). None (nothing called)
+    /// when a slot is unbound or an index is out of range: the caller runs the entry function.
+    pub fn call_direct(
+        &self,
+        graph: &Bound<'py, PyAny>,
+        args: &[DirectArg],
+        exports: &[Bound<'py, PyAny>],
+        out: isize,
+    ) -> Option<PyResult<Bound<'py, PyAny>>> {
+        const INLINE: usize = 24;
+        let slots = self.arg_slots();
+        let mut inline = [std::ptr::null_mut::<ffi::PyObject>(); INLINE];
+        let mut heap;
+        let buf: &mut [*mut ffi::PyObject] = if args.len() <= INLINE {
+            &mut inline[..args.len()]
+        } else {
+            heap = vec![std::ptr::null_mut(); args.len()];
+            &mut heap[..]
+        };
+        for (b, a) in buf.iter_mut().zip(args) {
+            *b = match *a {
+                DirectArg::Slot(i) => {
+                    let i = i as usize;
+                    if i >= slots.len() {
+                        return None;
+                    }
+                    slots.raw(i)
+                }
+                DirectArg::Export(j) => exports.get(j as usize)?.as_ptr(),
+            };
+            if b.is_null() {
+                return None;
+            }
+        }
+        // SAFETY: every pointer is a live object: argument slots of the frame (unchanged while
+        // `self` lives) or values `exports` holds; the callee borrows them for the call.
+        let res = unsafe {
+            let r = ffi::PyObject_Vectorcall(graph.as_ptr(), buf.as_ptr(), buf.len(), std::ptr::null_mut());
+            Bound::from_owned_ptr_or_err(self.py, r)
+        };
+        Some(res.and_then(|r| super::object::item_at(&r, out)))
+    }
+
     /// Raw fields read through the frame mirror, for tests/test_ffi_layout.py.
     pub fn debug_fields(&self) -> Vec<(&'static str, i64)> {
         // SAFETY: reads of the live frame and its code.
@@ -436,8 +497,13 @@ pub fn debug_counters() -> Vec<(&'static str, u64)> {
     ]
 }
 
-/// `(thread_id, native_thread_id)` of the current thread state read through the 3.12+ mirror;
-/// None on 3.11 (which reads no thread-state field).
+/// Whether the current thread has a trace or profile function, read through the mirror.
+pub fn debug_thread_traced(_py: Python<'_>) -> bool {
+    // SAFETY: GIL held; the current thread state is live.
+    unsafe { version::thread_traced(ffi::PyThreadState_Get()) }
+}
+
+/// `(thread_id, native_thread_id)` of the current thread state read through the mirror.
 pub fn debug_thread_ids(_py: Python<'_>) -> Option<(u64, u64)> {
     // SAFETY: GIL held; the current thread state is live.
     unsafe { version::thread_ids(ffi::PyThreadState_Get()) }

@@ -124,11 +124,58 @@ pub fn chunk_pops() -> u64 {
     0
 }
 
-/// Thread-state fields read for tests; 3.11 reads none of `PyThreadState` directly.
+/// Mirror of the head of `struct _ts` (PyThreadState), Include/cpython/pystate.h (3.11.7),
+/// up to `native_thread_id`: [`thread_traced`] reads the trace fields. Verified by
+/// tests/test_ffi_layout.py (`sys.settrace` / `sys.setprofile` seen through it, and the thread
+/// ids against `threading`).
+#[repr(C)]
+pub struct ThreadStateHead {
+    pub prev: *mut std::ffi::c_void,
+    pub next: *mut std::ffi::c_void,
+    pub interp: *mut std::ffi::c_void,
+    pub _initialized: std::os::raw::c_int,
+    pub _static: std::os::raw::c_int,
+    pub recursion_remaining: std::os::raw::c_int,
+    pub recursion_limit: std::os::raw::c_int,
+    pub recursion_headroom: std::os::raw::c_int,
+    pub tracing: std::os::raw::c_int,
+    pub tracing_what: std::os::raw::c_int,
+    pub cframe: *mut std::ffi::c_void,
+    pub c_profilefunc: *mut std::ffi::c_void,
+    pub c_tracefunc: *mut std::ffi::c_void,
+    pub c_profileobj: *mut ffi::PyObject,
+    pub c_traceobj: *mut ffi::PyObject,
+    pub curexc_type: *mut ffi::PyObject,
+    pub curexc_value: *mut ffi::PyObject,
+    pub curexc_traceback: *mut ffi::PyObject,
+    pub exc_info: *mut std::ffi::c_void,
+    pub dict: *mut ffi::PyObject,
+    pub gilstate_counter: std::os::raw::c_int,
+    pub async_exc: *mut ffi::PyObject,
+    pub thread_id: std::os::raw::c_ulong,
+    pub native_thread_id: std::os::raw::c_ulong,
+}
+
+/// Whether a trace or profile function (`sys.settrace` / `sys.setprofile`) is set on the
+/// thread.
 ///
 /// # Safety
-/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
-/// with the GIL held.
-pub unsafe fn thread_ids(_ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
-    None
+/// `ts` is the current thread state, GIL held.
+#[inline]
+pub unsafe fn thread_traced(ts: *mut ffi::PyThreadState) -> bool {
+    let ts = ts as *mut ThreadStateHead;
+    !(*ts).c_tracefunc.is_null() || !(*ts).c_profilefunc.is_null()
+}
+
+/// `(thread_id, native_thread_id)` read through the mirror, for the layout test.
+///
+/// # Safety
+/// `ts` is the current thread state, GIL held.
+#[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
+pub unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
+    let ts = ts as *mut ThreadStateHead;
+    Some((
+        u64::from((*ts).thread_id),
+        u64::from((*ts).native_thread_id),
+    ))
 }

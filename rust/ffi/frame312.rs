@@ -193,6 +193,17 @@ pub fn chunk_pops() -> u64 {
     datastack::chunk_pops()
 }
 
+/// Whether a trace or profile function (`sys.settrace` / `sys.setprofile`) is set on the
+/// thread.
+///
+/// # Safety
+/// `ts` is the current thread state, GIL held.
+#[inline]
+pub unsafe fn thread_traced(ts: *mut ffi::PyThreadState) -> bool {
+    let ts = ts as *mut ThreadStateHead;
+    !(*ts).c_tracefunc.is_null() || !(*ts).c_profilefunc.is_null()
+}
+
 /// `(thread_id, native_thread_id)` read through the mirror, for the layout test.
 ///
 /// # Safety

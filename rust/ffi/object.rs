@@ -8,6 +8,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::Borrowed;
 
+use super::guard_reads::Held;
 use super::slots::Slots;
 
 /// The contents of a cell object, None if empty or not a cell.
@@ -242,6 +243,57 @@ impl VectorArgs<'_> {
 }
 
 impl VectorArgs<'_> {
+    /// `f(first, *args, **kwargs)` with this call's arguments, as a bound method `f.__get__(first)`
+    /// would call it (CPython's `method_vectorcall`), without making the bound method: `first`
+    /// goes into the slot before the arguments when the caller lent it
+    /// (`PY_VECTORCALL_ARGUMENTS_OFFSET`, put back after the call), else into a copy of the
+    /// argument array. `f` must be alive when called; a reference to it is held for the call
+    /// (as the bound method would hold one).
+    pub fn forward_with_first<'py>(
+        &self,
+        f: Held,
+        first: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = first.py();
+        let f = f.to_owned(py);
+        let nargs = self.nargsf & !ffi::PY_VECTORCALL_ARGUMENTS_OFFSET;
+        // SAFETY: `args` holds `nargs` positional values and one per name in `kwnames`, live
+        // for the call; with the offset bit, `args[-1]` belongs to the caller and may be
+        // overwritten temporarily (the vectorcall protocol), and is restored before return.
+        unsafe {
+            let nkw = if self.kwnames.is_null() {
+                0
+            } else {
+                ffi::PyTuple_GET_SIZE(self.kwnames) as usize
+            };
+            let res = if self.nargsf & ffi::PY_VECTORCALL_ARGUMENTS_OFFSET != 0 {
+                let slot = (self.args as *mut *mut ffi::PyObject).offset(-1);
+                let saved = *slot;
+                *slot = first.as_ptr();
+                let r = ffi::PyObject_Vectorcall(f.as_ptr(), slot, nargs + 1, self.kwnames);
+                *slot = saved;
+                r
+            } else {
+                const INLINE: usize = 16;
+                let total = nargs + nkw;
+                let mut inline = [std::ptr::null_mut::<ffi::PyObject>(); INLINE];
+                let mut heap;
+                let buf: &mut [*mut ffi::PyObject] = if total < INLINE {
+                    &mut inline[..total + 1]
+                } else {
+                    heap = vec![std::ptr::null_mut(); total + 1];
+                    &mut heap[..]
+                };
+                buf[0] = first.as_ptr();
+                if total > 0 {
+                    buf[1..].copy_from_slice(std::slice::from_raw_parts(self.args, total));
+                }
+                ffi::PyObject_Vectorcall(f.as_ptr(), buf.as_ptr(), nargs + 1, self.kwnames)
+            };
+            Bound::from_owned_ptr_or_err(py, res)
+        }
+    }
+
     /// The arguments as `(args tuple, kwargs dict or None)`, with `first` (if any) prepended to
     /// the positional ones: for the paths that call through `tp_call`.
     pub fn to_tuple_dict<'py>(
@@ -359,4 +411,22 @@ pub fn enable_vectorcall<T: VectorcallTarget>(
         ffi::PyType_Modified(tp_ptr);
     }
     Ok(())
+}
+
+/// `obj[i]`, as `BINARY_SUBSCR` computes it: exact tuples and lists indexed directly (for
+/// `0 <= i < len`), anything else through `__getitem__`.
+pub fn item_at<'py>(obj: &Bound<'py, PyAny>, i: isize) -> PyResult<Bound<'py, PyAny>> {
+    use pyo3::types::{PyList, PyTuple};
+    if i >= 0 {
+        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            if (i as usize) < t.len() {
+                return t.get_item(i as usize);
+            }
+        } else if let Ok(l) = obj.cast_exact::<PyList>() {
+            if (i as usize) < l.len() {
+                return l.get_item(i as usize);
+            }
+        }
+    }
+    obj.get_item(i)
 }

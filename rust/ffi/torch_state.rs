@@ -112,3 +112,40 @@ impl StateFns {
         unsafe { (self.autocast_dtype)(device_type) }
     }
 }
+
+/// `torch::jit::tracer::getTracingState()` (libtorch_cpu, torch/csrc/jit/frontend/tracer.h):
+/// returns a reference to this thread's `std::shared_ptr<TracingState>`, whose first word
+/// (libstdc++'s `_M_ptr`) is non-null while a JIT trace runs; `torch._C._is_tracing()` is
+/// `static_cast<bool>` of it. Read directly it costs a call instead of a Python call.
+#[derive(Clone, Copy)]
+pub struct TracingReader {
+    state: PtrFn,
+}
+
+// SAFETY: a plain function pointer.
+unsafe impl Send for TracingReader {}
+unsafe impl Sync for TracingReader {}
+
+impl TracingReader {
+    /// Look the function up in torch's already-loaded `libtorch_cpu.so`.
+    pub fn resolve(libtorch_cpu: &str) -> Option<TracingReader> {
+        let cpu = open_loaded(libtorch_cpu)?;
+        let f = sym(cpu, c"_ZN5torch3jit6tracer15getTracingStateEv")?;
+        // SAFETY: the symbol is the function named above: no arguments, returns a reference
+        // (an address) to a thread-local shared_ptr, never throws.
+        Some(TracingReader {
+            state: unsafe { std::mem::transmute::<*mut std::ffi::c_void, PtrFn>(f) },
+        })
+    }
+
+    /// Whether a JIT trace is running on this thread.
+    #[inline]
+    pub fn is_tracing(&self) -> bool {
+        // SAFETY: see `resolve`; the reference is to a live thread-local shared_ptr whose
+        // first word is its stored pointer.
+        unsafe {
+            let sp = (self.state)() as *const *const std::ffi::c_void;
+            !sp.is_null() && !(*sp).is_null()
+        }
+    }
+}
