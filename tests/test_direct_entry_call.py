@@ -225,3 +225,125 @@ def test_module_traced_by_jit_takes_the_hooked_path():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(fd, x, check_trace=False)
     assert torch.allclose(traced(x), m(x))
+
+
+# -- the native call path's look-up before any frame (rust/eval_frame/cached_call.rs) ---------
+
+def _offered():
+    return _C._debug_hook_state()["offered"]
+
+
+def test_compiled_function_hit_runs_without_a_frame_and_misses_take_the_hook():
+    def f(a, b):
+        return a * 2 + b
+
+    be, tb = CountingBackend(), CountingBackend()
+    c, t = ferrodyn.compile(f, backend=be), torch.compile(f, backend=tb)
+    a, b = torch.randn(3), torch.randn(3)
+    assert torch.equal(c(a, b), f(a, b)) and torch.equal(t(a, b), f(a, b))
+    before, stats = _offered(), _C.cache_stats()
+    for _ in range(5):
+        assert torch.equal(c(a, b), f(a, b))
+    assert _offered() == before  # looked up before the frame: the hook saw nothing
+    assert _C.cache_stats()["hits"] == stats["hits"] + 5
+    # a new shape: the look-ahead misses without counting, the hook counts once and compiles
+    a2, b2 = torch.randn(4, 2), torch.randn(4, 2)
+    assert torch.equal(c(a2, b2), f(a2, b2)) and torch.equal(t(a2, b2), f(a2, b2))
+    assert _C.cache_stats()["guard_failures"] == stats["guard_failures"] + 1
+    assert be.count == tb.count
+
+
+def test_calls_the_look_up_cannot_take_go_through_the_frame():
+    def with_default(a, b=None):
+        return a + 1 if b is None else a + b
+
+    k = torch.ones(3)
+
+    def closure(a):
+        return a * k
+
+    a = torch.randn(3)
+    for fn, call, framed in ((with_default, lambda c: c(a), False),     # a default fills a slot
+                             (with_default, lambda c: c(a, a), False),  # all positional
+                             (with_default, lambda c: c(a, b=a), True),  # keywords
+                             (closure, lambda c: c(a), True)):           # a closure
+        ferrodyn.reset()
+        c = ferrodyn.compile(fn, backend="eager")
+        want = call(fn)
+        assert torch.equal(call(c), want)
+        before = _offered()
+        assert torch.equal(call(c), want)
+        assert _offered() == before + framed, fn.__name__
+
+
+def test_defaults_are_read_at_each_call():
+    def f(a, b=None, scale=2):
+        return a * scale if b is None else (a + b) * scale
+
+    be, tb = CountingBackend(), CountingBackend()
+    c, t = ferrodyn.compile(f, backend=be), torch.compile(f, backend=tb)
+    a = torch.randn(3)
+    for g in (c, t):
+        assert torch.equal(g(a), a * 2) and torch.equal(g(a), a * 2)
+    f.__defaults__ = (torch.ones(3), 3)
+    for g in (c, t):
+        assert torch.equal(g(a), (a + 1) * 3) and torch.equal(g(a), (a + 1) * 3)
+    f.__defaults__ = (None, 2)
+    assert torch.equal(c(a), a * 2)
+    assert be.count == tb.count
+
+
+def test_reassigned_code_is_read_afresh():
+    def f(x):
+        return x + 1
+
+    def g(x):
+        return x - 1
+
+    c = ferrodyn.compile(f, backend="eager")
+    x = torch.randn(3)
+    assert torch.equal(c(x), x + 1)
+    assert torch.equal(c(x), x + 1)
+    f.__code__ = g.__code__
+    assert torch.equal(c(x), x - 1)
+    assert torch.equal(c(x), x - 1)
+
+
+def test_trace_function_sees_the_frame_of_a_hit():
+    def f(x):
+        return x.exp()
+
+    c = ferrodyn.compile(f, backend="eager")
+    x = torch.randn(3)
+    c(x)
+    calls = []
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.settrace(tracer)
+    try:
+        got = c(x)
+    finally:
+        sys.settrace(None)
+    assert torch.equal(got, x.exp()) and "f" in calls
+
+
+def test_module_hit_without_a_frame_and_with_keywords():
+    m, x = _MLP(), torch.randn(2, 4)
+    fd = ferrodyn.compile(m, backend="eager")
+    fd(x)
+    fd(x)  # the first hit stamps the module's "no hooks" verdicts
+    before = _offered()
+    assert torch.allclose(fd(x), m(x))
+    assert _offered() == before
+    assert torch.allclose(fd(x, scale=3.0), m(x, scale=3.0))  # keywords: the frame path
+    assert _offered() > before
+    # a hook added later is honoured (the look-up only runs on the hook-free path)
+    h = m.register_forward_hook(lambda mod, args, out: out * 0)
+    try:
+        assert torch.equal(fd(x), torch.zeros(2, 4))
+    finally:
+        h.remove()
+    assert torch.allclose(fd(x), m(x))

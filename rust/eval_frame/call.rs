@@ -25,13 +25,14 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 
+use super::cached_call;
 use super::thread::{self, Installed};
 use crate::ffi::guard_reads::{self as reads, Held};
 use crate::ffi::method;
-use crate::ffi::torch_state::TracingReader;
 use crate::ffi::object::{
     self as raw, enable_vectorcall, vectorcall_slot, VectorArgs, VectorcallSlot, VectorcallTarget,
 };
+use crate::ffi::torch_state::TracingReader;
 
 /// A function compiled with ferrodyn (see the module docs).
 #[pyclass(
@@ -54,8 +55,14 @@ impl VectorcallTarget for CompiledFunction {
         py: Python<'py>,
         args: VectorArgs<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let func = self.func.bind(py);
+        if let Some(slots) = args.positional() {
+            if let Some(r) = cached_call::run(py, reads::held(func), slots, &self.installed) {
+                return r;
+            }
+        }
         let saved = thread::enter(py, &self.installed)?;
-        let r = args.forward(self.func.bind(py));
+        let r = args.forward(func);
         thread::exit(py, saved);
         r
     }
@@ -537,11 +544,15 @@ fn tracing_reader(py: Python<'_>) -> Option<&'static TracingReader> {
                 let torch = py.import("torch")?;
                 let file: String = torch.getattr("__file__")?.extract()?;
                 let lib = std::path::Path::new(&file).with_file_name("lib");
-                let Some(r) = TracingReader::resolve(&lib.join("libtorch_cpu.so").to_string_lossy())
+                let Some(r) =
+                    TracingReader::resolve(&lib.join("libtorch_cpu.so").to_string_lossy())
                 else {
                     return Ok(None);
                 };
-                let now: bool = torch.getattr("_C")?.call_method0("_is_tracing")?.extract()?;
+                let now: bool = torch
+                    .getattr("_C")?
+                    .call_method0("_is_tracing")?
+                    .extract()?;
                 Ok((r.is_tracing() == now).then_some(r))
             };
             find().unwrap_or(None)
@@ -597,6 +608,11 @@ impl ModuleCall {
             // The remembered `forward` called with the module first: what the bound method
             // would do, without making one.
             (Some(f), Call::Vector(v)) => {
+                let cached =
+                    v.with_first(orig, |slots| cached_call::run(py, f, slots, &t.installed));
+                if let Some(Some(r)) = cached {
+                    return r;
+                }
                 let saved = thread::enter(py, &t.installed)?;
                 let r = v.forward_with_first(f, orig);
                 thread::exit(py, saved);

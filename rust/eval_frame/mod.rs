@@ -6,9 +6,11 @@
 //! set, [`on_frame_miss`]) what to do with each candidate frame.
 //! Owns: the per-frame decision (skip / cached entry / callback / default), the thread-local
 //! callback (`thread`), the frame view (`view`), the native call path of compiled functions
-//! and modules (`call`), the direct call of a resume function's cached entry (`resume`).
+//! and modules (`call`) and their look-up of a cached entry before any frame (`cached_call`),
+//! the direct call of a resume function's cached entry (`resume`).
 //! Does not own: entry storage (`crate::cache`)
 //! or guard evaluation (`crate::guards`).
+mod cached_call;
 mod call;
 mod debug;
 mod resume;
@@ -89,7 +91,9 @@ pub fn on_frame_cached(
             // `f(*arg_slots, *closure_cells, *exports)`: an entry whose guard tree hands it
             // the values of exported nodes (graph inputs read during the check) takes them last.
             return Some(FrameAction::Return(
-                frame.call_with_slots(&hit.func, &exports).map(Bound::unbind),
+                frame
+                    .call_with_slots(&hit.func, &exports)
+                    .map(Bound::unbind),
             ));
         }
     }
@@ -116,8 +120,7 @@ fn call_direct<'py>(
     if !d.fence {
         return frame.call_direct(graph, &d.args, exports, d.out);
     }
-    let fence = FENCE.get_or_try_init(py, || thread::Installed::parse(&pyo3::types::PyBool::new(py, false))).ok()?;
-    let saved = match thread::enter(py, fence) {
+    let saved = match thread::enter(py, fence(py)?) {
         Ok(s) => s,
         Err(e) => return Some(Err(e)),
     };
@@ -127,7 +130,14 @@ fn call_direct<'py>(
 }
 
 /// What the entry's fence installs around its graph call: `set_eval_frame(False)`.
-static FENCE: pyo3::sync::PyOnceLock<thread::Installed> = pyo3::sync::PyOnceLock::new();
+fn fence(py: Python<'_>) -> Option<&'static thread::Installed> {
+    static FENCE: pyo3::sync::PyOnceLock<thread::Installed> = pyo3::sync::PyOnceLock::new();
+    FENCE
+        .get_or_try_init(py, || {
+            thread::Installed::parse(&pyo3::types::PyBool::new(py, false))
+        })
+        .ok()
+}
 
 /// The miss path (a callback is set and no entry passed): the limit, then the callback.
 pub fn on_frame_miss(frame: &InterceptedFrame<'_>) -> FrameAction {

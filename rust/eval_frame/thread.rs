@@ -364,6 +364,11 @@ impl Installed {
         &self.obj
     }
 
+    /// The mode and backend a frame sees while this callback is installed.
+    pub fn mode(&self) -> (Mode, i64) {
+        (self.mode, self.backend_id)
+    }
+
     /// The Python objects held (for the owner's GC traversal).
     pub fn objects(&self) -> impl Iterator<Item = &Py<PyAny>> {
         std::iter::once(&self.obj).chain(self.call.iter())

@@ -401,9 +401,9 @@ impl<'py> InterceptedFrame<'py> {
     }
 
     /// `graph(*args)[out]`, each argument one of the frame's argument slots or one of
-    /// `exports`, by vectorcall from one array of borrowed pointers (no tuple, no references
-    /// taken): a cached entry's direct call (`crate::cache::direct`). None (nothing called)
-    /// when a slot is unbound or an index is out of range: the caller runs the entry function.
+    /// `exports` (`crate::ffi::func_call::call_direct`): a cached entry's direct call
+    /// (`crate::cache::direct`). None (nothing called) when a slot is unbound or an index is
+    /// out of range: the caller runs the entry function.
     pub fn call_direct(
         &self,
         graph: &Bound<'py, PyAny>,
@@ -411,38 +411,7 @@ impl<'py> InterceptedFrame<'py> {
         exports: &[Bound<'py, PyAny>],
         out: isize,
     ) -> Option<PyResult<Bound<'py, PyAny>>> {
-        const INLINE: usize = 24;
-        let slots = self.arg_slots();
-        let mut inline = [std::ptr::null_mut::<ffi::PyObject>(); INLINE];
-        let mut heap;
-        let buf: &mut [*mut ffi::PyObject] = if args.len() <= INLINE {
-            &mut inline[..args.len()]
-        } else {
-            heap = vec![std::ptr::null_mut(); args.len()];
-            &mut heap[..]
-        };
-        for (b, a) in buf.iter_mut().zip(args) {
-            *b = match *a {
-                DirectArg::Slot(i) => {
-                    let i = i as usize;
-                    if i >= slots.len() {
-                        return None;
-                    }
-                    slots.raw(i)
-                }
-                DirectArg::Export(j) => exports.get(j as usize)?.as_ptr(),
-            };
-            if b.is_null() {
-                return None;
-            }
-        }
-        // SAFETY: every pointer is a live object: argument slots of the frame (unchanged while
-        // `self` lives) or values `exports` holds; the callee borrows them for the call.
-        let res = unsafe {
-            let r = ffi::PyObject_Vectorcall(graph.as_ptr(), buf.as_ptr(), buf.len(), std::ptr::null_mut());
-            Bound::from_owned_ptr_or_err(self.py, r)
-        };
-        Some(res.and_then(|r| super::object::item_at(&r, out)))
+        super::func_call::call_direct(self.py, &self.arg_slots(), graph, args, exports, out)
     }
 
     /// Raw fields read through the frame mirror, for tests/test_ffi_layout.py.

@@ -16,6 +16,7 @@ pub mod frame311;
 pub mod frame312;
 #[cfg(all(Py_3_13, not(Py_3_14)))]
 pub mod frame313;
+pub mod func_call;
 pub mod gil_lock;
 pub mod guard_reads;
 pub mod mapslot;

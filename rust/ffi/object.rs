@@ -294,6 +294,58 @@ impl VectorArgs<'_> {
         }
     }
 
+    /// The positional arguments as argument slots, when the call passes no keywords.
+    pub fn positional(&self) -> Option<Slots<'_>> {
+        if !self.kwnames.is_null() {
+            return None;
+        }
+        let n = self.nargsf & !ffi::PY_VECTORCALL_ARGUMENTS_OFFSET;
+        // SAFETY: `args` holds `n` live positional values for the call (the vectorcall
+        // contract; `from_raw` reads nothing when n == 0).
+        Some(unsafe { Slots::from_raw(self.args, n) })
+    }
+
+    /// `f(slots)` with `slots` = `first` followed by the positional arguments, when the call
+    /// passes no keywords (None otherwise, `f` not called): `first` goes into the slot before
+    /// the arguments when the caller lent it (`PY_VECTORCALL_ARGUMENTS_OFFSET`, put back after
+    /// `f`), else into a copy of the argument array.
+    pub fn with_first<R>(
+        &self,
+        first: &Bound<'_, PyAny>,
+        f: impl FnOnce(Slots<'_>) -> R,
+    ) -> Option<R> {
+        if !self.kwnames.is_null() {
+            return None;
+        }
+        let nargs = self.nargsf & !ffi::PY_VECTORCALL_ARGUMENTS_OFFSET;
+        // SAFETY: as in `forward_with_first`: `args[-1]` is the caller's to lend with the
+        // offset bit, restored before return; the slots are live for the call.
+        unsafe {
+            if self.nargsf & ffi::PY_VECTORCALL_ARGUMENTS_OFFSET != 0 {
+                let slot = (self.args as *mut *mut ffi::PyObject).offset(-1);
+                let saved = *slot;
+                *slot = first.as_ptr();
+                let r = f(Slots::from_raw(slot, nargs + 1));
+                *slot = saved;
+                return Some(r);
+            }
+            const INLINE: usize = 16;
+            let mut inline = [std::ptr::null_mut::<ffi::PyObject>(); INLINE];
+            let mut heap;
+            let buf: &mut [*mut ffi::PyObject] = if nargs < INLINE {
+                &mut inline[..nargs + 1]
+            } else {
+                heap = vec![std::ptr::null_mut(); nargs + 1];
+                &mut heap[..]
+            };
+            buf[0] = first.as_ptr();
+            if nargs > 0 {
+                buf[1..].copy_from_slice(std::slice::from_raw_parts(self.args, nargs));
+            }
+            Some(f(Slots::from_raw(buf.as_ptr(), nargs + 1)))
+        }
+    }
+
     /// The arguments as `(args tuple, kwargs dict or None)`, with `first` (if any) prepended to
     /// the positional ones: for the paths that call through `tp_call`.
     pub fn to_tuple_dict<'py>(

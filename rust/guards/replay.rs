@@ -574,6 +574,7 @@ pub(crate) fn replay<'py>(
     }
     if let Some(out) = out {
         let start = out.len();
+        out.reserve(exports.len());
         for &n in exports {
             match as_obj(memo[n]) {
                 Some(h) => out.push(h.to_owned(py)),
