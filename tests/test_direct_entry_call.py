@@ -335,11 +335,14 @@ def test_module_hit_without_a_frame_and_with_keywords():
     fd = ferrodyn.compile(m, backend="eager")
     fd(x)
     fd(x)  # the first hit stamps the module's "no hooks" verdicts
+    # The stamps are proven by dict version tags, which 3.13 no longer changes for every
+    # attribute store (rust/ffi/guard_reads.rs): there the module path calls forward (a frame).
+    framed = sys.version_info >= (3, 13)
     before = _offered()
     assert torch.allclose(fd(x), m(x))
-    assert _offered() == before
+    assert _offered() == before + framed
     assert torch.allclose(fd(x, scale=3.0), m(x, scale=3.0))  # keywords: the frame path
-    assert _offered() > before
+    assert _offered() > before + framed
     # a hook added later is honoured (the look-up only runs on the hook-free path)
     h = m.register_forward_hook(lambda mod, args, out: out * 0)
     try:
