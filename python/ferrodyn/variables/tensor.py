@@ -288,7 +288,14 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         example = tx.output.run_fake(run)
     except Unsupported:
         raise
-    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+    except DataDependentOutputException as e:
+        # a 0-d tensor where the schema takes a Scalar: an equivalent call on tensor operands
+        from ferrodyn.variables.tensor_rewrites import rewrite_scalar_tensor_call
+        rewritten = rewrite_scalar_tensor_call(tx, kind, target, args, kwargs)
+        if rewritten is not None:
+            return rewritten
+        unsupported(f"{name}: {type(e).__name__}", BreakReason.DATA_DEPENDENT)
+    except DynamicOutputShapeException as e:
         unsupported(f"{name}: {type(e).__name__}", BreakReason.DATA_DEPENDENT)
     except UnsupportedOperatorException as e:
         unsupported(f"{name}: operator without a fake implementation ({e})",
