@@ -284,6 +284,7 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         return target(*ea, **ek)
 
     name = _target_name(kind, target)
+    out_shapes = _out_shapes(ek.get("out"))
     try:
         example = tx.output.run_fake(run)
     except Unsupported:
@@ -304,6 +305,8 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         if "data-dependent" in str(e) or "data dependent" in str(e):
             unsupported(f"{name}: {e}", BreakReason.DATA_DEPENDENT)
         unsupported(f"{name} raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
+    if out_shapes is not None:
+        _check_out_tensors(name, ek["out"], out_shapes)
     node = tx.output.create_node(kind, target, tuple(pa), pk)
     if _is_inplace(kind, target) or "out" in ek or ek.get("inplace") is True:
         tx.output.mutation_epoch += 1
@@ -325,6 +328,29 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         return TensorVariable(node=result.node, example=result.example, cls=result.cls,
                               const=real, const_epoch=tx.output.mutation_epoch)
     return result
+
+
+def _out_shapes(out: Any) -> Any:
+    """The shapes of an `out=` tensor (or list of them) before the op."""
+    if isinstance(out, torch.Tensor):
+        return out.shape
+    if isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out):
+        return [t.shape for t in out]
+    return None
+
+
+def _check_out_tensors(name: str, out: Any, before: Any) -> None:
+    """Refuse an `out=` call that resized its out tensor or writes a non-dense one, as
+    TorchDynamo does: the backends' functionalization cannot replay either on a graph input
+    (aot_eager/inductor would compute another value)."""
+    outs, shapes = ([out], [before]) if isinstance(out, torch.Tensor) else (out, before)
+    for t, shape in zip(outs, shapes):
+        if t.shape != shape:
+            unsupported(f"{name} with out= resizing its out tensor from {tuple(shape)} to "
+                        f"{tuple(t.shape)}", BreakReason.SIDE_EFFECT)
+        if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or
+                t.is_contiguous(memory_format=torch.channels_last_3d)):
+            unsupported(f"{name} with a non-contiguous out= tensor", BreakReason.SIDE_EFFECT)
 
 
 _INPLACE_OPERATORS = frozenset({
