@@ -93,6 +93,8 @@ class TensorVariable(VariableTracker):
             return ConstantVariable(value=value)
         if name in GRAPH_ATTRS:
             return record_op(tx, "call_function", getattr, [self, ConstantVariable(value=name)], {})
+        if name in _INPUT_ATTRS and self.source is not None and self.node.op == "placeholder":
+            return _INPUT_ATTRS[name](tx, self)
         if name in REFUSED_ATTRS:
             unsupported(f"tensor attribute .{name}", REFUSED_ATTRS[name])
         if callable(getattr(torch.Tensor, name, None)):
@@ -212,6 +214,19 @@ def _shape_attr(tx, tensor):
     return size_of(tx, tensor)
 
 
+def _grad_of_input(tx, tensor):
+    """`p.grad` of a graph input: the real `.grad` (None, guarded to stay None, or a tensor:
+    a graph input of its own, identity-tracked so `p.grad is g` holds). Nothing in a graph can
+    rebind `.grad` (backward and `.grad = ...` are refused), so the value read holds for the
+    whole graph. A tensor made by the trace has no real `.grad` to read: still refused."""
+    from ferrodyn.source import AttrSource
+    from ferrodyn.variables.builder import build
+    real = _input_value(tx, tensor)
+    return build(tx, real.grad, AttrSource(tensor.source, "grad"))
+
+
+# Attributes of graph inputs read from the real tensor (else refused, REFUSED_ATTRS).
+_INPUT_ATTRS = {"grad": _grad_of_input}
 # Shape queries answered from the fake example (symbolic under dynamic shapes).
 _SHAPE_METHODS = {"size": _size_method}
 _SHAPE_ATTRS = {"shape": _shape_attr}
