@@ -59,6 +59,14 @@ def foreach_addcdiv(xs, ys, zs, s):
     return torch._foreach_addcdiv(xs, ys, zs, value=s)
 
 
+def foreach_add_(xs, s):
+    return torch._foreach_add_(xs, s)
+
+
+def foreach_sub(xs, s):
+    return torch._foreach_sub(xs, s)
+
+
 def adam_like(params, grads, exp_avgs, exp_avg_sqs, beta1, beta2, step_size):
     """The ops of Adam's foreach step with tensor betas (torch/optim/adam.py)."""
     torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
@@ -112,6 +120,14 @@ CASES = {
                                                     torch.tensor(0.1))),
     "foreach_addcdiv": (foreach_addcdiv, lambda: (_lists(2, 0), _lists(2, 3), _lists(2, 6),
                                                   torch.tensor(0.1))),
+    "foreach_add_": (foreach_add_, lambda: (_lists(2, 0), torch.tensor(0.7))),
+    "foreach_add_f64_scalar": (foreach_add_, lambda: (_lists(2, 0),
+                                                      torch.tensor(1e-8, dtype=torch.float64))),
+    "foreach_add_bf16": (foreach_add_, lambda: (_lists(2, 0, torch.bfloat16),
+                                                torch.tensor(0.3))),
+    "foreach_add_int": (foreach_add_, lambda: ([torch.arange(5), torch.arange(3)],
+                                               torch.tensor(4))),
+    "foreach_sub": (foreach_sub, lambda: (_lists(2, 0), torch.tensor(-2.5))),
     "adam_like": (adam_like, lambda: ([_r(37), _r(5, 7, seed=1)], _lists(2, 2),
                                       [torch.zeros(37), torch.zeros(5, 7)],
                                       [torch.zeros(37), torch.zeros(5, 7)],
@@ -203,6 +219,8 @@ REFUSED = {
     # bfloat16 computes in float32 inside the kernel: s * t1 in bfloat16 would round
     "bf16": (addcmul_, lambda: (_r(37).bfloat16(), _r(37, seed=1).bfloat16(),
                                 _r(37, seed=2).bfloat16(), torch.tensor(0.3))),
+    # eager raises: a float Scalar added in place to integer tensors
+    "foreach_add_float_into_int": (foreach_add_, lambda: ([torch.arange(5)], torch.tensor(0.5))),
     # mixed dtypes: the kernel computes in float64, s * t1 would round in float32
     "mixed_dtypes": (addcmul_, lambda: (_r(3, dtype=torch.float64), _r(3), _r(3),
                                         torch.tensor(0.3))),

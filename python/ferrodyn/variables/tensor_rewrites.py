@@ -8,7 +8,10 @@ which parameter is the Scalar and emits equivalent ops that take the tensor as a
 operand, chosen so the values are the eager ones bit for bit:
 
 - the same kernel with a tensor operand in place of the Scalar (`lerp.Tensor` for
-  `lerp.Scalar`; `pow(Tensor, Tensor)`, which `pow(Scalar, Tensor)` itself calls);
+  `lerp.Scalar`; `pow(Tensor, Tensor)`, which `pow(Scalar, Tensor)` itself calls; `add/sub`
+  of a tensor, which `add/sub(Tensor, Scalar)` call with the Scalar wrapped). Not `pow(Tensor,
+  Scalar)` (its Scalar kernel special-cases exponents 2, 0.5, -1...: other roundings) nor an
+  `alpha=` Scalar (the kernel fuses `a + alpha * b` into one FMA);
 - `addcmul/addcdiv(self, t1, t2, value=s)` as `addcmul/addcdiv(self, s * t1, t2)`: the
   kernels compute `self + ((value * t1) <op> t2)`, so `value * t1` rounded once, then the same
   expression with value 1; only where no op math type differs from the dtype (float32,
@@ -153,6 +156,20 @@ def _foreach_pow_scalar_base(tx, b, ref):
     return _container(ref, out)
 
 
+def _foreach_binary(fn: Any, method: str, inplace: bool):
+    """`_foreach_add/sub(xs, s)`: `add/sub(x, s)` for each x (`add(Tensor, Scalar)` itself
+    calls the Tensor overload with the Scalar wrapped in a 0-d tensor: the same kernel)."""
+    def emit(tx, b, ref):
+        selfs = _tensors(tx, b["self"])
+        if selfs is None:
+            return None
+        s = tx.realize(b["scalar"])
+        out = [_op(tx, "call_method", method + "_", x, s) if inplace
+               else _op(tx, "call_function", fn, x, s) for x in selfs]
+        return tx.realize(b["self"]) if inplace else _container(ref, out)
+    return emit
+
+
 def _pointwise3(fn: Any, method: str, inplace: bool, foreach: bool):
     """addcmul/addcdiv(self, t1, t2, value=s) as the op on (self, s * t1, t2)."""
     def one(tx, x, t1, t2, value):
@@ -239,6 +256,9 @@ SCALAR_TENSOR_REWRITES: dict[Any, list[ScalarTensorRewrite]] = {
     (_M, "lerp_"): [ScalarTensorRewrite(("end", "weight"), "weight", _lerp(True))],
     torch._foreach_pow: [ScalarTensorRewrite(("self", "exponent"), "self",
                                              _foreach_pow_scalar_base)],
+    **{getattr(torch, f"_foreach_{name}{suffix}"): [ScalarTensorRewrite(
+        ("self", "scalar"), "scalar", _foreach_binary(getattr(torch, name), name, bool(suffix)))]
+       for name in ("add", "sub") for suffix in ("", "_")},
     **_addc_rows("addcmul", torch.addcmul),
     **_addc_rows("addcdiv", torch.addcdiv),
 }
