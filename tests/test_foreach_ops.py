@@ -50,6 +50,10 @@ def lerp_method(x, y, w):
     return x.lerp(y, w) + 1
 
 
+def addcmul_unbound(x, y, z, s):
+    return torch.Tensor.addcmul_(x, y, z, value=s)
+
+
 def foreach_addcmul_(xs, ys, zs, s):
     torch._foreach_addcmul_(xs, ys, zs, value=s)
     return xs[0] + 1
@@ -112,6 +116,8 @@ CASES = {
                                               torch.tensor(3))),
     "addcmul_int_tensors": (addcmul_, lambda: (torch.arange(9), torch.arange(9) - 4,
                                                torch.arange(9) * 3, torch.tensor(-2))),
+    "addcmul_unbound_method": (addcmul_unbound, lambda: (_r(37), _r(37, seed=1),
+                                                          _r(37, seed=2), torch.tensor(0.3))),
     "addcdiv_": (addcdiv_, lambda: (_r(37), _r(37, seed=1), _r(37, seed=2), torch.tensor(0.3))),
     "addcmul_functional": (addcmul_fn, lambda: (_r(37), _r(37, seed=1), _r(37, seed=2),
                                                 torch.tensor(0.3))),

@@ -330,6 +330,9 @@ def rewrite_scalar_tensor_call(tx, kind: str, target: Any, args, kwargs) -> Vari
     """The call rewritten with its 0-d tensor Scalar as a tensor operand, or None (no row, or
     a row refused it: the caller breaks the graph as before)."""
     from ferrodyn.variables.tensor import TensorVariable
+    if kind == "call_function" and \
+            getattr(target, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):
+        kind, target = "call_method", target.__name__  # `torch.Tensor.addcmul_(x, ...)`
     rows = SCALAR_TENSOR_REWRITES.get(_key(kind, target))
     if not rows:
         return None
