@@ -11,7 +11,7 @@ operand, chosen so the values are the eager ones bit for bit:
   `lerp.Scalar`; `pow(Tensor, Tensor)`, which `pow(Scalar, Tensor)` itself calls; `add/sub`
   of a tensor, which `add/sub(Tensor, Scalar)` call with the Scalar wrapped). Not `pow(Tensor,
   Scalar)` (its Scalar kernel special-cases exponents 2, 0.5, -1...: other roundings) nor an
-  `alpha=` Scalar (the kernel fuses `a + alpha * b` into one FMA);
+  `alpha=` Scalar (the vectorized kernel computes `a + alpha * b` as one fused multiply-add);
 - `addcmul/addcdiv(self, t1, t2, value=s)` as `addcmul/addcdiv(self, s * t1, t2)`: the
   kernels compute `self + ((value * t1) <op> t2)`, so `value * t1` rounded once, then the same
   expression with value 1; only where no op math type differs from the dtype (float32,
@@ -21,9 +21,10 @@ The 0-d tensor is cast to the op's computation dtype as eager casts the Scalar; 
 (returns None: the caller breaks the graph) where that cast could raise in eager (a float64
 Scalar that overflows float32 is an error there, `inf` here), where autograd would record the
 call (eager detaches the Scalar; the rewrite would not) and for reduced-precision dtypes.
-Every rewrite is checked against the op run on fake tensors with the 0-d tensor replaced by a
-Python number of its kind: the same result types, shapes and aliasing (in-place ops return their
-inputs), else the call is refused.
+Only CPU tensors are rewritten (CUDA's fused foreach kernels associate differently, and no
+GPU has checked them). Every rewrite is checked against the op run on fake tensors with the
+0-d tensor replaced by a Python number of its kind: the same result types, shapes and aliasing
+(in-place ops return their inputs), else the call is refused.
 
 Owns the table and its checks. Does not own recording ops (tensor.py's `record_op`, which
 calls `rewrite_scalar_tensor_call` when a fake run raises DataDependentOutputException).
@@ -304,6 +305,23 @@ def _autograd_records(tx, args, kwargs) -> bool:
     return any(found)
 
 
+def _all_on_cpu(tx, args, kwargs) -> bool:
+    """The rewrites are verified against the CPU kernels only: CUDA's fused foreach kernels
+    associate differently (`self + value * (t1 * t2)`), so other devices keep the break."""
+    from ferrodyn.variables.tensor import fx_args
+    _, ea, _, ek = fx_args(tx, args, kwargs)
+    devices = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            devices.append(v.device.type)
+        elif isinstance(v, (list, tuple)):
+            for i in v:
+                walk(i)
+    walk([ea, list(ek.values())])
+    return all(d == "cpu" for d in devices)
+
+
 def _same(tx, result: VariableTracker, ref: Any, inputs: list) -> bool:
     from ferrodyn.variables.tensor import TensorVariable
     result = tx.realize(result)
@@ -350,7 +368,7 @@ def rewrite_scalar_tensor_call(tx, kind: str, target: Any, args, kwargs) -> Vari
             continue
         if scalar.example.requires_grad:  # no Number to eager's argument parser (TypeError)
             return None
-        if _autograd_records(tx, args, kwargs):
+        if _autograd_records(tx, args, kwargs) or not _all_on_cpu(tx, args, kwargs):
             return None
         reference = _reference(tx, kind, target, args, kwargs, scalar)
         if reference is None:
