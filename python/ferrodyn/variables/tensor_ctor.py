@@ -42,19 +42,23 @@ def _fits(src: torch.dtype, dst: torch.dtype) -> bool:
     return True
 
 
-def _leaves(tx, var: VariableTracker, out: list) -> None:
+def _leaves(tx, var: VariableTracker, out: list) -> bool:
+    """Collect the numbers and tensors of nested lists/tuples; False if something else is
+    inside (the call is then recorded as it is, as before this handler)."""
     from ferrodyn.variables.sym_int import SymIntVariable
     from ferrodyn.variables.tensor import TensorVariable
     var = tx.realize(var)
     if isinstance(var, (TensorVariable, SymIntVariable)) or var.is_python_constant() and \
             not isinstance(var.as_python_constant(), (list, tuple)):
         out.append(var)
-        return
-    if var.python_type() not in (list, tuple, torch.Size):
-        unsupported(f"torch.tensor of a {var.python_type().__name__}",
-                    BreakReason.UNSUPPORTED_TYPE)
-    for item in var.unpack(tx):
-        _leaves(tx, item, out)
+        return True
+    try:
+        if var.python_type() not in (list, tuple, torch.Size):
+            return False
+        items = var.unpack(tx)
+    except Exception:
+        return False
+    return all(_leaves(tx, item, out) for item in items)
 
 
 def _leaf_fits(leaf: VariableTracker, dtype: torch.dtype) -> bool:
@@ -82,8 +86,8 @@ def tensor_ctor(tx, args, kwargs) -> VariableTracker:
     if data is None or isinstance(data, TensorVariable) or data.is_python_constant():
         return record_op(tx, "call_function", torch.tensor, args, kwargs)
     leaves: list = []
-    _leaves(tx, data, leaves)
-    if not any(isinstance(v, (TensorVariable, SymIntVariable)) for v in leaves):
+    if not _leaves(tx, data, leaves) or \
+            not any(isinstance(v, (TensorVariable, SymIntVariable)) for v in leaves):
         return record_op(tx, "call_function", torch.tensor, args, kwargs)
     if len(args) > 1 or set(kwargs) - {"data", "dtype", "device"}:
         unsupported("torch.tensor of traced values with these arguments",
