@@ -2,8 +2,9 @@
 
 Owns `TensorVariable` (an fx node plus its fake example value), `record_op` (convert tracker
 arguments to fx arguments, run the op on fake tensors, add the node, wrap the result), the
-table of tensor attributes (constant metadata vs graph attributes vs refused) and the table of
-tensor methods the graph cannot express. Does not own which torch functions are called how
+table of tensor attributes (constant metadata vs graph attributes vs `.grad` of graph inputs
+read as inputs vs refused), the `out=` checks and the table of tensor methods the graph cannot
+express. A fake run that raises DataDependentOutputException asks tensor_rewrites.py first. Does not own which torch functions are called how
 (torch_fns.py) or Python operators (operators.py).
 """
 
@@ -356,8 +357,8 @@ def _out_shapes(out: Any) -> Any:
 
 def _check_out_tensors(name: str, out: Any, before: Any) -> None:
     """Refuse an `out=` call that resized its out tensor or writes a non-dense one, as
-    TorchDynamo does: the backends' functionalization cannot replay either on a graph input
-    (aot_eager/inductor would compute another value)."""
+    TorchDynamo does (functionalization in aot/inductor backends does not replay either on a
+    graph input; the eager backend would, but the graph must hold for every backend)."""
     outs, shapes = ([out], [before]) if isinstance(out, torch.Tensor) else (out, before)
     for t, shape in zip(outs, shapes):
         if t.shape != shape:
