@@ -4,8 +4,9 @@ Owns `TensorVariable` (an fx node plus its fake example value), `record_op` (con
 arguments to fx arguments, run the op on fake tensors, add the node, wrap the result), the
 table of tensor attributes (constant metadata vs graph attributes vs `.grad` of graph inputs
 read as inputs vs refused), the `out=` checks and the table of tensor methods the graph cannot
-express. A fake run that raises DataDependentOutputException asks tensor_rewrites.py first. Does not own which torch functions are called how
-(torch_fns.py) or Python operators (operators.py).
+express. A fake run that raises DataDependentOutputException asks tensor_rewrites.py first.
+Does not own which torch functions are called how (torch_fns.py) or Python operators
+(operators.py).
 """
 
 from __future__ import annotations
