@@ -95,7 +95,8 @@ class TensorVariable(VariableTracker):
             return ConstantVariable(value=value)
         if name in GRAPH_ATTRS:
             return record_op(tx, "call_function", getattr, [self, ConstantVariable(value=name)], {})
-        if name in _INPUT_ATTRS and self.source is not None and self.node.op == "placeholder":
+        if name in _INPUT_ATTRS and self.source is not None and \
+                self.node.op == "placeholder":
             return _INPUT_ATTRS[name](tx, self)
         if name in REFUSED_ATTRS:
             unsupported(f"tensor attribute .{name}", REFUSED_ATTRS[name])
