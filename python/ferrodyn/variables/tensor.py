@@ -2,9 +2,11 @@
 
 Owns `TensorVariable` (an fx node plus its fake example value), `record_op` (convert tracker
 arguments to fx arguments, run the op on fake tensors, add the node, wrap the result), the
-table of tensor attributes (constant metadata vs graph attributes vs refused) and the table of
-tensor methods the graph cannot express. Does not own which torch functions are called how
-(torch_fns.py) or Python operators (operators.py).
+table of tensor attributes (constant metadata vs graph attributes vs `.grad` of graph inputs
+read as inputs vs refused), the `out=` checks and the table of tensor methods the graph cannot
+express. A fake run that raises DataDependentOutputException asks tensor_rewrites.py first.
+Does not own which torch functions are called how (torch_fns.py) or Python operators
+(operators.py).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class TensorVariable(VariableTracker):
             return ConstantVariable(value=value)
         if name in GRAPH_ATTRS:
             return record_op(tx, "call_function", getattr, [self, ConstantVariable(value=name)], {})
+        if name in _INPUT_ATTRS and self.source is not None and \
+                self.node.op == "placeholder":
+            return _INPUT_ATTRS[name](tx, self)
         if name in REFUSED_ATTRS:
             unsupported(f"tensor attribute .{name}", REFUSED_ATTRS[name])
         if callable(getattr(torch.Tensor, name, None)):
@@ -212,6 +217,19 @@ def _shape_attr(tx, tensor):
     return size_of(tx, tensor)
 
 
+def _grad_of_input(tx, tensor):
+    """`p.grad` of a graph input: the real `.grad` (None, guarded to stay None, or a tensor:
+    a graph input of its own, identity-tracked so `p.grad is g` holds). Nothing in a graph can
+    rebind `.grad` (backward and `.grad = ...` are refused), so the value read holds for the
+    whole graph. A tensor made by the trace has no real `.grad` to read: still refused."""
+    from ferrodyn.source import AttrSource
+    from ferrodyn.variables.builder import build
+    real = _input_value(tx, tensor)
+    return build(tx, real.grad, AttrSource(tensor.source, "grad"))
+
+
+# Attributes of graph inputs read from the real tensor (else refused, REFUSED_ATTRS).
+_INPUT_ATTRS = {"grad": _grad_of_input}
 # Shape queries answered from the fake example (symbolic under dynamic shapes).
 _SHAPE_METHODS = {"size": _size_method}
 _SHAPE_ATTRS = {"shape": _shape_attr}
@@ -284,11 +302,19 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         return target(*ea, **ek)
 
     name = _target_name(kind, target)
+    out_shapes = _out_shapes(ek.get("out"))
     try:
         example = tx.output.run_fake(run)
     except Unsupported:
         raise
-    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+    except DataDependentOutputException as e:
+        # a 0-d tensor where the schema takes a Scalar: an equivalent call on tensor operands
+        from ferrodyn.variables.tensor_rewrites import rewrite_scalar_tensor_call
+        rewritten = rewrite_scalar_tensor_call(tx, kind, target, args, kwargs)
+        if rewritten is not None:
+            return rewritten
+        unsupported(f"{name}: {type(e).__name__}", BreakReason.DATA_DEPENDENT)
+    except DynamicOutputShapeException as e:
         unsupported(f"{name}: {type(e).__name__}", BreakReason.DATA_DEPENDENT)
     except UnsupportedOperatorException as e:
         unsupported(f"{name}: operator without a fake implementation ({e})",
@@ -297,6 +323,8 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         if "data-dependent" in str(e) or "data dependent" in str(e):
             unsupported(f"{name}: {e}", BreakReason.DATA_DEPENDENT)
         unsupported(f"{name} raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
+    if out_shapes is not None:
+        _check_out_tensors(name, ek["out"], out_shapes)
     node = tx.output.create_node(kind, target, tuple(pa), pk)
     if _is_inplace(kind, target) or "out" in ek or ek.get("inplace") is True:
         tx.output.mutation_epoch += 1
@@ -318,6 +346,29 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         return TensorVariable(node=result.node, example=result.example, cls=result.cls,
                               const=real, const_epoch=tx.output.mutation_epoch)
     return result
+
+
+def _out_shapes(out: Any) -> Any:
+    """The shapes of an `out=` tensor (or list of them) before the op."""
+    if isinstance(out, torch.Tensor):
+        return out.shape
+    if isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out):
+        return [t.shape for t in out]
+    return None
+
+
+def _check_out_tensors(name: str, out: Any, before: Any) -> None:
+    """Refuse an `out=` call that resized its out tensor or writes a non-dense one, as
+    TorchDynamo does (functionalization in aot/inductor backends does not replay either on a
+    graph input; the eager backend would, but the graph must hold for every backend)."""
+    outs, shapes = ([out], [before]) if isinstance(out, torch.Tensor) else (out, before)
+    for t, shape in zip(outs, shapes):
+        if t.shape != shape:
+            unsupported(f"{name} with out= resizing its out tensor from {tuple(shape)} to "
+                        f"{tuple(t.shape)}", BreakReason.SIDE_EFFECT)
+        if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or
+                t.is_contiguous(memory_format=torch.channels_last_3d)):
+            unsupported(f"{name} with a non-contiguous out= tensor", BreakReason.SIDE_EFFECT)
 
 
 _INPLACE_OPERATORS = frozenset({

@@ -21,6 +21,8 @@ from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
 from ferrodyn.variables.ctx_managers import CTX_MANAGER_HANDLERS
 from ferrodyn.variables.tensor import TensorVariable, record_op
+from ferrodyn.variables.profiler_ctx import PROFILER_HANDLERS
+from ferrodyn.variables.tensor_ctor import handlers as tensor_ctor_handlers
 
 
 def _c(v):
@@ -91,6 +93,8 @@ def _refuse(reason: BreakReason):
 
 TORCH_HANDLERS: dict[Any, Callable] = {
     **CTX_MANAGER_HANDLERS,
+    **PROFILER_HANDLERS,
+    **tensor_ctor_handlers(),  # torch.tensor of traced values, torch._shape_as_tensor
     torch.is_grad_enabled: _fold(torch.is_grad_enabled),
     torch.is_autocast_enabled: _fold(torch.is_autocast_enabled),
     torch.get_default_dtype: _fold(torch.get_default_dtype),
