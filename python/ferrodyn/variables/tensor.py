@@ -43,7 +43,7 @@ REFUSED_ATTRS = {
 # Methods whose result depends on tensor data or that act outside the graph.
 REFUSED_METHODS = {
     "item": BreakReason.DATA_DEPENDENT, "tolist": BreakReason.DATA_DEPENDENT,
-    "numpy": BreakReason.DATA_DEPENDENT, "__bool__": BreakReason.DATA_DEPENDENT,
+    "__bool__": BreakReason.DATA_DEPENDENT,
     "__int__": BreakReason.DATA_DEPENDENT, "__float__": BreakReason.DATA_DEPENDENT,
     "__index__": BreakReason.DATA_DEPENDENT, "data_ptr": BreakReason.DATA_DEPENDENT,
     "backward": BreakReason.SIDE_EFFECT, "register_hook": BreakReason.SIDE_EFFECT,
@@ -188,6 +188,9 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
     if name in _SHAPE_METHODS:
         return _SHAPE_METHODS[name](tx, tensor, args, kwargs)
+    if name == "numpy":  # an ndarray sharing the tensor's memory (numpy_vars.py)
+        from ferrodyn.variables.numpy_vars import tensor_numpy
+        return tensor_numpy(tx, tensor, args, kwargs)
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
 
 
