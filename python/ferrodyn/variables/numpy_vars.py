@@ -65,6 +65,18 @@ def _to_tensor(value: Any) -> Any:
     return value
 
 
+class _numpy_default_dtype:
+    """torch's default float dtype set to numpy's (float64) while a torch._numpy op runs: torch
+    ops it calls pick their float results by it (`int_array / 2` is float64 in numpy)."""
+
+    def __enter__(self):
+        self.prior = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.prior)
+
+
 class _NumpyTarget:
     """Base of the fx targets: callables with a readable name (`np_mean`, `ndarray_copy`);
     a name ending in `_` marks an in-place node (tensor._is_inplace)."""
@@ -93,7 +105,8 @@ class NumpyCall(_NumpyTarget):
         self.fn = fn
 
     def __call__(self, *args, **kwargs):
-        return _to_tensor(self.fn(*_to_tnp(args), **_to_tnp(kwargs)))
+        with _numpy_default_dtype():
+            return _to_tensor(self.fn(*_to_tnp(args), **_to_tnp(kwargs)))
 
 
 class NumpyMethod(_NumpyTarget):
@@ -104,10 +117,11 @@ class NumpyMethod(_NumpyTarget):
         self.name, self.attr = name, attr
 
     def __call__(self, obj, *args, **kwargs):
-        value = getattr(tnp.ndarray(obj), self.name)
-        if self.attr:
-            return _to_tensor(value)
-        return _to_tensor(value(*_to_tnp(args), **_to_tnp(kwargs)))
+        with _numpy_default_dtype():
+            value = getattr(tnp.ndarray(obj), self.name)
+            if self.attr:
+                return _to_tensor(value)
+            return _to_tensor(value(*_to_tnp(args), **_to_tnp(kwargs)))
 
 
 class NumpyOperator(_NumpyTarget):
@@ -118,7 +132,8 @@ class NumpyOperator(_NumpyTarget):
         self.op = op
 
     def __call__(self, *args):
-        return _to_tensor(self.op(*_to_tnp(args)))
+        with _numpy_default_dtype():
+            return _to_tensor(self.op(*_to_tnp(args)))
 
 
 def ndarray_output(t: torch.Tensor, scalar: bool, order: str | None, readonly: bool) -> Any:
@@ -686,10 +701,9 @@ def torch_from_numpy(tx, args, kwargs) -> VariableTracker:
     """`torch.from_numpy(a)`: a tensor sharing `a`'s memory."""
     from ferrodyn.variables.tensor import TensorVariable
     a = tx.realize(args[0]) if len(args) == 1 and not kwargs else None
-    if not isinstance(a, NdarrayVariable) or a.scalar or not a.writeable or \
-            a.np_strides is not None:
-        unsupported("torch.from_numpy of a value that is not a traced writeable ndarray in "
-                    "the graph's layout", BreakReason.UNSUPPORTED_TYPE)
+    if not isinstance(a, NdarrayVariable) or a.scalar or a.np_strides is not None:
+        unsupported("torch.from_numpy of a value that is not a traced ndarray in the graph's "
+                    "layout", BreakReason.UNSUPPORTED_TYPE)
     fake = tx.output.run_fake(lambda: torch.detach(a.example))
     node = tx.output.create_node("call_function", torch.detach, (a.node,), {})
     node.meta["example_value"] = fake
