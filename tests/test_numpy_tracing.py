@@ -282,3 +282,16 @@ def test_mixing_tensor_and_ndarray_operands_is_refused(fresh_ferrodyn):
     expected = fn(torch.ones(2))
     got = ferrodyn.compile(fn, backend=CountingBackend())(torch.ones(2))
     _same(expected, got)
+
+
+def test_numpy_scalar_from_indexing_is_a_copy_not_a_view(fresh_ferrodyn):
+    # `a[0]` is an immutable numpy scalar; torch._numpy's 0-d result is a view of `a`: a later
+    # write to `a` must not change it
+    def fn(x):
+        a = x.numpy()
+        s0, s1 = a[0], a.max(axis=0)
+        a[0] = -100.0
+        a[1] = 100.0
+        return s0 + 0, s1
+    fd, tc = run_both(fn, torch.tensor([3.0, 1.0]))
+    assert fd == tc == 1

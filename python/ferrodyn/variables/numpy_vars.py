@@ -637,7 +637,13 @@ def _wrap(tx, node, fake, eager, conv: _Args, what: str, keep: bool) -> Variable
                                 f"a view of {tracker.describe()}, torch._numpy's "
                                 f"{'is not' if np.shares_memory(eager, o_in) else 'is'}",
                                 BreakReason.UNSUPPORTED_TYPE)
-        if any(fake is f_in for _, f_in, _ in conv.arrays):  # a new object over the same data
+        if isinstance(eager, np.generic) and \
+                any(_same_storage(fake, f_in) for _, f_in, _ in conv.arrays):
+            # a numpy scalar is an immutable copy; torch._numpy's 0-d result may be a view
+            # that a later write to the array would change
+            node = tx.output.create_node("call_function", torch.clone, (node,), {})
+            fake = tx.output.run_fake(lambda: torch.clone(fake))
+        elif any(fake is f_in for _, f_in, _ in conv.arrays):  # a new object, the same data
             node = tx.output.create_node("call_function", torch.ops.aten.alias.default, (node,), {})
             fake = tx.output.run_fake(lambda: torch.ops.aten.alias.default(fake))
         node.meta["example_value"] = fake
