@@ -295,3 +295,19 @@ def test_numpy_scalar_from_indexing_is_a_copy_not_a_view(fresh_ferrodyn):
         return s0 + 0, s1
     fd, tc = run_both(fn, torch.tensor([3.0, 1.0]))
     assert fd == tc == 1
+
+
+def test_numpy_functions_on_tensors_follow_eager(fresh_ferrodyn):
+    # np.transpose(tensor) calls the tensor's own method and returns a tensor in eager;
+    # np.asarray(tensor) is an ndarray over the tensor's memory
+    def to_tensor(x):
+        return np.transpose(x)
+
+    def as_array(x):
+        return np.asarray(x), np.ones_like(x, dtype=np.float64)
+    run_both(to_tensor, torch.randn(2, 3), torch_too=False)
+    fd, tc = run_both(as_array, torch.randn(2, 3))
+    assert fd == tc == 1
+    x = torch.zeros(3)
+    out, _ = ferrodyn.compile(as_array, backend=CountingBackend())(x)
+    assert np.shares_memory(out, x.numpy())

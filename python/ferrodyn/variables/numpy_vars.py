@@ -533,8 +533,11 @@ class _Args:
             if ex.requires_grad or ex.device.type != "cpu" or ex.is_conj() or ex.is_neg():
                 unsupported(f"{self.what}: a tensor numpy cannot convert "
                             f"(requires_grad, device or conj/neg bit)", BreakReason.EXCEPTION)
-            oracle = _zeros(_concrete_shape(ex, self.what), _np_dtype(ex.dtype, self.what),
-                            tuple(int(s) * ex.element_size() for s in ex.stride()))
+            # a real tensor of zeros: numpy converts it, or (np.mean, np.sum, np.transpose...)
+            # calls the tensor's own method and returns a tensor
+            _np_dtype(ex.dtype, self.what)
+            oracle = torch.empty_strided(_concrete_shape(ex, self.what), tuple(ex.stride()),
+                                         dtype=ex.dtype).zero_()
             self.arrays.append((v, ex, oracle))
             return v.node, ex, oracle
         if isinstance(v, NumpyConstVariable) and isinstance(v.value, np.generic):
@@ -625,13 +628,13 @@ def _wrap(tx, node, fake, eager, conv: _Args, what: str, keep: bool) -> Variable
                         f"{eager.dtype}{list(shape)}", BreakReason.UNSUPPORTED_TYPE)
         for tracker, f_in, o_in in conv.arrays:
             if eager is o_in:  # numpy returned its input itself (`a += 1`, `a.real`)
-                if fake is not f_in or not isinstance(tracker, NdarrayVariable):
+                if fake is not f_in:
                     unsupported(f"{what}: numpy returns its input, torch._numpy a new array",
                                 BreakReason.UNSUPPORTED_TYPE)
                 return tracker
         if isinstance(eager, np.ndarray):
             for tracker, f_in, o_in in conv.arrays:
-                if isinstance(o_in, np.ndarray) and \
+                if isinstance(o_in, (np.ndarray, torch.Tensor)) and \
                         np.shares_memory(eager, o_in) != _same_storage(fake, f_in):
                     unsupported(f"{what}: numpy's result {'is' if np.shares_memory(eager, o_in) else 'is not'} "
                                 f"a view of {tracker.describe()}, torch._numpy's "
