@@ -311,3 +311,19 @@ def test_numpy_functions_on_tensors_follow_eager(fresh_ferrodyn):
     x = torch.zeros(3)
     out, _ = ferrodyn.compile(as_array, backend=CountingBackend())(x)
     assert np.shares_memory(out, x.numpy())
+
+
+def test_numpy_scalar_inputs_guarded_by_type_and_value(fresh_ferrodyn):
+    def fn(x, a, b):
+        return x + (a % b)
+    backend = CountingBackend()
+    cf = ferrodyn.compile(fn, backend=backend)
+    values = [np.int64(8), np.int64(8), np.int64(3), np.int32(8), np.float64(8.0),
+              np.float64(8.0), np.bool_(True), np.float16(3), np.float16(3)]
+    for v in values:
+        expected = fn(torch.ones(2), 4096, v)
+        got = cf(torch.ones(2), 4096, v)
+        assert type(got) is type(expected) and torch.equal(got, expected), v
+    # new objects of one type and value hit; float16 (no buffer read-back) is guarded by
+    # identity: each new object recompiles
+    assert backend.count == 7

@@ -798,9 +798,21 @@ def build_numpy(tx, value: Any, source: Source | None) -> VariableTracker | None
         var = NumpyFunctionVariable(source=source, value=value)
     else:
         return None
-    if source is not None:
+    if source is None:
+        return var
+    if isinstance(value, np.generic) and value.dtype.char in _BUFFER_SCALARS:
+        # by type and value: `x.data[()]` is the Python number in a scalar's buffer
+        from ferrodyn.source import ItemSource
+        tx.output.install_guard(source, GuardKind.TYPE_MATCH, type(value))
+        tx.output.install_guard(ItemSource(AttrSource(source, "data"), ()), GuardKind.EQUALS,
+                                value.item())
+    else:
         tx.output.install_guard(source, GuardKind.ID_MATCH, value)
     return var
+
+
+# numpy scalar dtypes whose buffer a memoryview reads back as a Python bool/int/float
+_BUFFER_SCALARS = frozenset("?bBhHiIlLqQfd")
 
 
 def build_numpy_unsourced(value: Any) -> VariableTracker | None:
