@@ -33,7 +33,7 @@ from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSou
                              GlobalSource, ItemSource, LenSource, LocalSource, SetItemSource,
                              Source, TypeSource)
 from ferrodyn.symbolic_shapes import TensorPropertySource
-from ferrodyn.variables.numpy_vars import NumpyTensorSource, ndarray_as_tensor
+from ferrodyn.variables.numpy_graph import NumpyTensorSource, ndarray_as_tensor
 from ferrodyn.trace_result import (Out, OutCall, OutCell, OutConst, OutDict, OutGraph, OutList,
                                    OutShared, OutSource, OutTuple, TraceResult)
 

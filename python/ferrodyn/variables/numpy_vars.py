@@ -32,153 +32,17 @@ import torch._numpy as tnp
 
 from ferrodyn.exc import BreakReason, Unsupported
 from ferrodyn.guard_spec import GuardKind
-from ferrodyn.source import AttrSource, Source, source_class
+from ferrodyn.source import AttrSource, Source
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, is_constant_value
-
-# torch dtype <-> numpy dtype for the dtypes both have (others refuse).
-_TORCH_TO_NP = {
-    torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64), torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-    torch.complex64: np.dtype(np.complex64), torch.complex128: np.dtype(np.complex128),
-}
-_NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items()}
-
-
-# ---- graph targets: run torch._numpy on tensors, hand tensors back ----------------------------
-
-def _to_tnp(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return tnp.ndarray(value)
-    if type(value) in (list, tuple):
-        return type(value)(_to_tnp(v) for v in value)
-    return value
-
-
-def _to_tensor(value: Any) -> Any:
-    if isinstance(value, tnp.ndarray):
-        return value.tensor
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_tensor(v) for v in value)
-    return value
-
-
-class _numpy_default_dtype:
-    """torch's default float dtype set to numpy's (float64) while a torch._numpy op runs: torch
-    ops it calls pick their float results by it (`int_array / 2` is float64 in numpy)."""
-
-    def __enter__(self):
-        self.prior = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-
-    def __exit__(self, *exc):
-        torch.set_default_dtype(self.prior)
-
-
-class _NumpyTarget:
-    """Base of the fx targets: callables with a readable name (`np_mean`, `ndarray_copy`);
-    a name ending in `_` marks an in-place node (tensor._is_inplace)."""
-
-    def __init__(self, name: str, inplace: bool):
-        self.__name__ = name + ("_" if inplace else "")
-        self.__qualname__ = self.__name__
-
-    def as_inplace(self) -> "_NumpyTarget":
-        """The same operation, named as one that writes to an input."""
-        new = type(self).__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        if not new.__name__.endswith("_"):
-            new.__name__ = new.__qualname__ = new.__name__ + "_"
-        return new
-
-    def __repr__(self) -> str:
-        return f"<ferrodyn numpy op {self.__name__}>"
-
-
-class NumpyCall(_NumpyTarget):
-    """`fn(*args)` for a `torch._numpy` function."""
-
-    def __init__(self, fn: Callable, name: str, inplace: bool = False):
-        super().__init__("np_" + name, inplace)
-        self.fn = fn
-
-    def __call__(self, *args, **kwargs):
-        with _numpy_default_dtype():
-            return _to_tensor(self.fn(*_to_tnp(args), **_to_tnp(kwargs)))
-
-
-class NumpyMethod(_NumpyTarget):
-    """`ndarray.name(*args)` (or the attribute `name` when `attr`)."""
-
-    def __init__(self, name: str, inplace: bool = False, attr: bool = False):
-        super().__init__("ndarray_" + name.strip("_"), inplace)
-        self.name, self.attr = name, attr
-
-    def __call__(self, obj, *args, **kwargs):
-        with _numpy_default_dtype():
-            value = getattr(tnp.ndarray(obj), self.name)
-            if self.attr:
-                return _to_tensor(value)
-            return _to_tensor(value(*_to_tnp(args), **_to_tnp(kwargs)))
-
-
-class NumpyOperator(_NumpyTarget):
-    """A Python operator (`operator.add`, `operator.setitem`) between ndarrays."""
-
-    def __init__(self, op: Callable, inplace: bool = False):
-        super().__init__("ndarray_op_" + op.__name__.strip("_"), inplace)
-        self.op = op
-
-    def __call__(self, *args):
-        with _numpy_default_dtype():
-            return _to_tensor(self.op(*_to_tnp(args)))
-
-
-def ndarray_output(t: torch.Tensor, scalar: bool, order: str | None, readonly: bool) -> Any:
-    """The real numpy value of a graph output: `t.numpy()` (memory shared with `t`), its
-    numpy scalar when eager numpy gives one, copied to `order` ('C'/'F') when numpy's layout
-    differs from the tensor's, read-only when numpy's is."""
-    a = t.detach().numpy() if t.requires_grad else t.numpy()
-    if scalar:
-        return a[()]
-    if order == "C":
-        a = np.ascontiguousarray(a)
-    elif order == "F":
-        a = np.asfortranarray(a)
-    if readonly:
-        a.flags.writeable = False
-    return a
-
-
-def ndarray_as_tensor(a: np.ndarray) -> torch.Tensor:
-    """The graph input of an ndarray frame value: a tensor sharing its memory."""
-    if a.flags.writeable:
-        return torch.from_numpy(a)
-    with warnings.catch_warnings():  # "non-writable": the graph never writes to it (refused)
-        warnings.simplefilter("ignore")
-        return torch.from_numpy(a)
-
-
-@source_class
-class NumpyTensorSource(Source):
-    """`torch.as_tensor(base)` of an ndarray frame value (loaded by codegen through
-    `ndarray_as_tensor`); its shapes stay static (the ndarray's guards pin them)."""
-    base: Source
-    static_shapes = True
-
-    def name(self) -> str:
-        return f"torch.as_tensor({self.base.name()})"
-
-    def root(self) -> Source:
-        return self.base.root()
-
+from ferrodyn.variables.numpy_graph import (NP_TO_TORCH, TORCH_TO_NP, NumpyCall, NumpyMethod,
+                                            NumpyOperator, NumpyTensorSource, NumpyTarget,
+                                            ndarray_as_tensor, ndarray_output)
 
 # ---- the eager oracle -------------------------------------------------------------------------
 
 def _np_dtype(tdtype: torch.dtype, what: str) -> np.dtype:
-    d = _TORCH_TO_NP.get(tdtype)
+    d = TORCH_TO_NP.get(tdtype)
     if d is None:
         unsupported(f"{what}: dtype {tdtype} has no numpy equivalent", BreakReason.EXCEPTION)
     return d
@@ -501,6 +365,8 @@ def call_numpy_function(tx, fn: Any, args, kwargs) -> VariableTracker:
     if all_const and (fn in _FOLDABLE or isinstance(fn, type) and issubclass(fn, np.generic)):
         pos, kw = _constant_args(args, kwargs, name)
         return wrap_numpy_constant(_run_eager(lambda: fn(*pos, **kw), f"np.{name}"), f"np.{name}")
+    if isinstance(fn, type) and not issubclass(fn, np.generic):
+        unsupported(f"constructing numpy {name} from traced values", BreakReason.UNSUPPORTED_CALL)
     if "out" in kwargs:
         unsupported(f"np.{name}(out=...)", BreakReason.SIDE_EFFECT)
     target = _tnp_equivalent(fn)
@@ -546,7 +412,7 @@ class _Args:
             val = v.value
             if isinstance(val, np.dtype) or isinstance(val, type) and issubclass(val, np.generic):
                 dt = np.dtype(val)
-                if dt not in _NP_TO_TORCH:
+                if dt not in NP_TO_TORCH:
                     unsupported(f"{self.what}: dtype {dt}", BreakReason.UNSUPPORTED_TYPE)
                 return dt.name, dt.name, val
             unsupported(f"{self.what}: argument {v.describe()}", BreakReason.UNSUPPORTED_TYPE)
@@ -562,7 +428,7 @@ class _Args:
     def _scalar_input(self, value: np.generic):
         """A numpy scalar known at trace time: a 0-d tensor in the graph (numpy scalars take
         part in dtype promotion like arrays, unlike Python numbers)."""
-        dt = _NP_TO_TORCH.get(value.dtype)
+        dt = NP_TO_TORCH.get(value.dtype)
         if dt is None:
             unsupported(f"{self.what}: numpy scalar of dtype {value.dtype}",
                         BreakReason.UNSUPPORTED_TYPE)
@@ -573,7 +439,7 @@ class _Args:
         return node, fake, value
 
 
-def numpy_op(tx, target: _NumpyTarget, args, kwargs, eager: Callable, what: str):
+def numpy_op(tx, target: NumpyTarget, args, kwargs, eager: Callable, what: str):
     """Record `target(*args, **kwargs)` (a torch._numpy call on graph tensors) after checking
     it against `eager` (the real numpy callable) run on the oracle's zeros."""
     conv = _Args(tx, what)
@@ -623,7 +489,7 @@ def _wrap(tx, node, fake, eager, conv: _Args, what: str, keep: bool) -> Variable
             unsupported(f"{what}: torch._numpy gave {type(fake).__name__} where numpy gives "
                         f"an array", BreakReason.UNSUPPORTED_TYPE)
         shape = () if isinstance(eager, np.generic) else eager.shape
-        if _TORCH_TO_NP.get(fake.dtype) != eager.dtype or tuple(fake.shape) != tuple(shape):
+        if TORCH_TO_NP.get(fake.dtype) != eager.dtype or tuple(fake.shape) != tuple(shape):
             unsupported(f"{what}: torch._numpy gives {fake.dtype}{list(fake.shape)}, numpy "
                         f"{eager.dtype}{list(shape)}", BreakReason.UNSUPPORTED_TYPE)
         for tracker, f_in, o_in in conv.arrays:
@@ -695,7 +561,7 @@ def tensor_numpy(tx, tensor, args, kwargs) -> VariableTracker:
         force = bool(f.as_python_constant())
     ex = tensor.example
     if ex.requires_grad or ex.device.type != "cpu" or ex.is_conj() or ex.is_neg() or \
-            ex.layout is not torch.strided or ex.dtype not in _TORCH_TO_NP:
+            ex.layout is not torch.strided or ex.dtype not in TORCH_TO_NP:
         unsupported(f"Tensor.numpy({'force=True' if force else ''}) of a tensor that "
                     f"{'needs a copy' if force else 'numpy() rejects'} (grad, device, dtype or "
                     f"layout)", BreakReason.EXCEPTION)
@@ -826,7 +692,7 @@ def build_numpy_unsourced(value: Any) -> VariableTracker | None:
 def _ndarray_input(tx, value: np.ndarray, source: Source) -> VariableTracker:
     if source is None:
         unsupported("an ndarray that cannot be reached from the frame", BreakReason.UNSUPPORTED_TYPE)
-    if value.dtype not in _NP_TO_TORCH:
+    if value.dtype not in NP_TO_TORCH:
         unsupported(f"ndarray of dtype {value.dtype} at {source.name()}", BreakReason.UNSUPPORTED_TYPE)
     try:
         tensor = ndarray_as_tensor(value)
