@@ -327,3 +327,31 @@ def test_numpy_scalar_inputs_guarded_by_type_and_value(fresh_ferrodyn):
     # new objects of one type and value hit; float16 (no buffer read-back) is guarded by
     # identity: each new object recompiles
     assert backend.count == 7
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.numpy()[None, ::2],          # a view: numpy's size-1 stride differs from torch's
+    lambda x: x.numpy().T.copy(),            # numpy copies to C order, torch keeps the layout
+    lambda x: np.copy(x.numpy().T),          # np.copy keeps the layout ('K')
+    lambda x: x.numpy().T[None] * 2,
+    lambda x: np.expand_dims(x.numpy(), 0),
+], ids=["unit_dim_view", "copy_C", "np_copy_K", "op_on_view", "expand_dims"])
+def test_returned_arrays_have_numpy_strides_and_sharing(fresh_ferrodyn, make):
+    x = torch.randn(3, 4)
+    expected, got = make(x), ferrodyn.compile(make, backend=CountingBackend())(x)
+    _same(expected, got)
+    assert np.shares_memory(expected, x.numpy()) == np.shares_memory(got, x.numpy())
+
+
+@pytest.mark.parametrize("write", [
+    lambda a: a.sort(),
+    lambda a: a.fill(3.0),
+    lambda a: np.copyto(a, 5.0),
+    lambda a: a.__iadd__(1.0),
+], ids=["sort", "fill", "copyto", "iadd"])
+def test_numpy_in_place_methods_write_through_to_the_tensor(fresh_ferrodyn, write):
+    def fn(x):
+        write(x.numpy())
+        return x + 1
+    fd, _ = run_both(fn, torch.randn(4), torch_too=False)
+    assert fd == 1

@@ -119,20 +119,35 @@ class NumpyOperator(NumpyTarget):
             return _to_tensor(self.op(*_to_tnp(args)))
 
 
-def ndarray_output(t: torch.Tensor, scalar: bool, order: str | None, readonly: bool) -> Any:
+def ndarray_output(t: torch.Tensor, scalar: bool, strides: tuple | None, readonly: bool) -> Any:
     """The real numpy value of a graph output: `t.numpy()` (memory shared with `t`), its
-    numpy scalar when eager numpy gives one, copied to `order` ('C'/'F') when numpy's layout
-    differs from the tensor's, read-only when numpy's is."""
+    numpy scalar when eager numpy gives one, with numpy's byte `strides` where they differ from
+    the tensor's (the same memory when only size-1 dimensions differ, else a copy in numpy's
+    layout: numpy's result was a new array then), read-only when numpy's is."""
     a = t.detach().numpy() if t.requires_grad else t.numpy()
     if scalar:
         return a[()]
-    if order == "C":
-        a = np.ascontiguousarray(a)
-    elif order == "F":
-        a = np.asfortranarray(a)
+    if strides is not None and a.strides != strides:
+        same_memory = all(x == y or n <= 1 for x, y, n in zip(a.strides, strides, a.shape))
+        if not same_memory:
+            if np.empty(a.shape, a.dtype, order="C").strides == strides:
+                a = np.ascontiguousarray(a)
+            elif np.empty(a.shape, a.dtype, order="F").strides == strides:
+                a = np.asfortranarray(a)
+            else:
+                b = np.empty_like(a, order="K")
+                a = _restride(b, strides)
+                a[...] = t.numpy()
+        if a.strides != strides:
+            a = _restride(a, strides)
     if readonly:
         a.flags.writeable = False
     return a
+
+
+def _restride(a: np.ndarray, strides: tuple) -> np.ndarray:
+    """`a`'s memory viewed with `strides` (that address the same elements of it)."""
+    return np.lib.stride_tricks.as_strided(a, a.shape, strides, writeable=True)
 
 
 def ndarray_as_tensor(a: np.ndarray) -> torch.Tensor:

@@ -58,8 +58,8 @@ def _concrete_shape(fake: torch.Tensor, what: str) -> tuple[int, ...]:
 
 def _zeros(shape, dtype: np.dtype, strides) -> np.ndarray:
     """A zero-filled array of this shape, dtype and byte strides (the oracle's stand-in)."""
-    if strides is None or any(s < 0 for s in strides):
-        return np.zeros(shape, dtype)
+    if any(s < 0 for s in strides):
+        unsupported("an ndarray with negative strides", BreakReason.UNSUPPORTED_TYPE)
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) // dtype.itemsize \
         if all(shape) else 1
     buf = np.zeros(max(span, 1), dtype)
@@ -172,16 +172,22 @@ class NdarrayVariable(VariableTracker):
         from ferrodyn.trace_result import OutCall, OutConst, OutSource
         if self.source is not None and self.node.op == "placeholder":
             return OutSource(self.source)  # the frame's own ndarray object
-        order, layout = None, self.np_strides
-        if layout is not None and not self.scalar:
-            z = self.oracle_value()
-            order = "C" if z.flags.c_contiguous else "F" if z.flags.f_contiguous else None
-            if order is None:
-                unsupported(f"returning {self.describe()}: numpy's memory layout "
-                            f"{layout} differs from the graph's", BreakReason.UNSUPPORTED_TYPE)
+        strides = self.np_strides if not self.scalar else None
+        shape = self.example.shape
+        graph_strides = tuple(int(st) * self.example.element_size() for st in self.example.stride())
+        if strides is not None and \
+                any(x != y and n > 1 for x, y, n in zip(strides, graph_strides, shape)):
+            z = self.oracle_value()  # numpy's is a new array (else the views would agree)
+            dense = sorted((abs(st), n) for st, n in zip(strides, z.shape) if n > 1)
+            expect = z.dtype.itemsize
+            for st, n in dense:  # the layout a fresh copy can take: dense, no overlap
+                if st != expect:
+                    unsupported(f"returning {self.describe()}: numpy's memory layout "
+                                f"{strides} differs from the graph's", BreakReason.UNSUPPORTED_TYPE)
+                expect *= n
         node = self.node
         return tx.output.side_effects.shared(node, lambda: OutCall(ndarray_output, (
-            tx.graph_output(node), OutConst(self.scalar), OutConst(order),
+            tx.graph_output(node), OutConst(self.scalar), OutConst(strides),
             OutConst(not self.writeable))))
 
 
@@ -340,7 +346,12 @@ _FOLDABLE = frozenset({
 
 
 def _module_of(fn: Any) -> str:
-    return getattr(fn, "__module__", None) or ""
+    mod = getattr(fn, "__module__", None)
+    return mod if isinstance(mod, str) else ""
+
+
+def _in_numpy(module: str) -> bool:
+    return module == "numpy" or module.startswith("numpy.")
 
 
 def _tnp_equivalent(fn: Any) -> Callable | None:
@@ -358,7 +369,7 @@ def call_numpy_function(tx, fn: Any, args, kwargs) -> VariableTracker:
     args = [tx.realize(a) for a in args]
     kwargs = {k: tx.realize(v) for k, v in kwargs.items()}
     name = getattr(fn, "__name__", repr(fn))
-    if _module_of(fn).startswith("numpy.random") or getattr(np.random, name, None) is fn:
+    if _module_of(fn).startswith("numpy.random.") or getattr(np.random, name, None) is fn:
         unsupported(f"np.random.{name}: numpy's global random state is not traced",
                     BreakReason.UNSUPPORTED_CALL)
     all_const = all(a.is_python_constant() for a in [*args, *kwargs.values()])
@@ -391,6 +402,9 @@ class _Args:
         tx = self.tx
         v = tx.realize(v)
         if isinstance(v, NdarrayVariable):
+            for seen, _, oracle in self.arrays:  # one array passed twice: one oracle object
+                if seen is v:
+                    return v.node, v.example, oracle
             oracle = v.oracle_value()
             self.arrays.append((v, v.example, oracle))
             return v.node, v.example, oracle
@@ -463,6 +477,10 @@ def numpy_op(tx, target: NumpyTarget, args, kwargs, eager: Callable, what: str):
     eager_out = _run_eager(lambda: eager(*[t[2] for t in triples],
                                          **{k: t[2] for k, t in ktriples.items()}), what)
     mutated = [f._version != v for (_, f, _), v in zip(conv.arrays, versions)]
+    if any(mutated) != _numpy_writes(conv, triples, ktriples, eager):
+        unsupported(f"{what}: {'torch._numpy' if any(mutated) else 'numpy'} writes to an "
+                    f"input, {'numpy' if any(mutated) else 'torch._numpy'} does not",
+                    BreakReason.SIDE_EFFECT)
     if any(mutated):
         for (tracker, _, _), m in zip(conv.arrays, mutated):
             if m and (not isinstance(tracker, NdarrayVariable) or tracker.scalar):
@@ -472,6 +490,31 @@ def numpy_op(tx, target: NumpyTarget, args, kwargs, eager: Callable, what: str):
         tx.output.mutation_epoch += 1
     node = tx.output.create_node("call_function", target, fx_a, fx_k)
     return _wrap(tx, node, fake_out, eager_out, conv, what, keep=any(mutated))
+
+
+def _numpy_writes(conv: _Args, triples, ktriples, eager: Callable) -> bool:
+    """Whether numpy writes to an array argument: the call again with read-only copies of
+    the array arguments raises numpy's read-only error."""
+    frozen: dict[int, Any] = {}
+    for _, _, o in conv.arrays:
+        if isinstance(o, np.ndarray):
+            c = o.copy()
+            c.flags.writeable = False
+            frozen[id(o)] = c
+
+    def swap(v):
+        if type(v) in (list, tuple):
+            return type(v)(swap(i) for i in v)
+        return frozen.get(id(v), v)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            eager(*[swap(t[2]) for t in triples], **{k: swap(t[2]) for k, t in ktriples.items()})
+        except ValueError as e:
+            return "read-only" in str(e)
+        except Exception:
+            return False
+    return False
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -629,7 +672,7 @@ def _is_numpy_callable(value: Any) -> bool:
         return issubclass(value, np.generic) or value in (np.dtype, np.finfo, np.iinfo)
     if not callable(value):
         return False
-    if _module_of(value).startswith("numpy"):
+    if _in_numpy(_module_of(value)):
         return True
     self_ = getattr(value, "__self__", None)  # np.random.randn: a method of the global RandomState
     return isinstance(self_, np.random.RandomState)
@@ -638,12 +681,11 @@ def _is_numpy_callable(value: Any) -> bool:
 def is_numpy_value(value: Any) -> bool:
     """Cheap test the builder runs on every value: is it (maybe) numpy's?"""
     t = type(value)
-    if t.__module__.startswith("numpy"):
+    if _in_numpy(t.__module__):
         return True
     if t is _BUILTIN_METHOD and isinstance(getattr(value, "__self__", None), np.random.RandomState):
         return True
-    mod = getattr(value, "__module__", None) if callable(value) else None
-    return isinstance(mod, str) and mod.startswith("numpy")
+    return callable(value) and _in_numpy(_module_of(value))
 
 
 _BUILTIN_METHOD = type(len)
