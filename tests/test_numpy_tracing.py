@@ -355,3 +355,16 @@ def test_numpy_in_place_methods_write_through_to_the_tensor(fresh_ferrodyn, writ
         return x + 1
     fd, _ = run_both(fn, torch.randn(4), torch_too=False)
     assert fd == 1
+
+
+def test_ndarrays_live_across_a_graph_break(fresh_ferrodyn):
+    def fn(x):
+        a = x.numpy()
+        b = a * 2
+        s = a.sum()
+        torch._dynamo.graph_break()
+        a[0] = 7.0       # still x's memory after the break
+        b[1] = 100.0
+        return x + 1, b, s, a is a
+    fd, tc = run_both(fn, torch.ones(3))
+    assert fd == tc == 2

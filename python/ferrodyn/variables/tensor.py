@@ -188,9 +188,8 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
     if name in _SHAPE_METHODS:
         return _SHAPE_METHODS[name](tx, tensor, args, kwargs)
-    if name == "numpy":  # an ndarray sharing the tensor's memory (numpy_vars.py)
-        from ferrodyn.variables.numpy_vars import tensor_numpy
-        return tensor_numpy(tx, tensor, args, kwargs)
+    if name in _CONVERSION_METHODS:
+        return _CONVERSION_METHODS[name](tx, tensor, args, kwargs)
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
 
 
@@ -215,6 +214,13 @@ def _shape_attr(tx, tensor):
     return size_of(tx, tensor)
 
 
+def _numpy_method(tx, tensor, args, kwargs):
+    from ferrodyn.variables.numpy_vars import tensor_numpy
+    return tensor_numpy(tx, tensor, args, kwargs)
+
+
+# Conversions to another library's values: `x.numpy()`, an ndarray sharing x's memory.
+_CONVERSION_METHODS = {"numpy": _numpy_method}
 # Shape queries answered from the fake example (symbolic under dynamic shapes).
 _SHAPE_METHODS = {"size": _size_method}
 _SHAPE_ATTRS = {"shape": _shape_attr}
