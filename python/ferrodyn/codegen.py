@@ -33,6 +33,7 @@ from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSou
                              GlobalSource, ItemSource, LenSource, LocalSource, SetItemSource,
                              Source, TypeSource)
 from ferrodyn.symbolic_shapes import TensorPropertySource
+from ferrodyn.variables.numpy_graph import NumpyTensorSource, ndarray_as_tensor
 from ferrodyn.trace_result import (Out, OutCall, OutCell, OutConst, OutDict, OutGraph, OutList,
                                    OutShared, OutSource, OutTuple, TraceResult)
 
@@ -292,6 +293,7 @@ SOURCE_LOADERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     LenSource: _call_on_base(len),
     SetItemSource: _load_set_item,
     TensorPropertySource: _load_tensor_property,
+    NumpyTensorSource: _call_on_base(ndarray_as_tensor),
 }
 
 

@@ -153,7 +153,8 @@ def _may_be_dynamic(source: Source) -> bool:
     attributes and globals keep static shapes, as torch.compile keeps parameters and buffers."""
     s = source
     while True:
-        if isinstance(s, (AttrSource, DictOfSource, GlobalSource)):
+        if isinstance(s, (AttrSource, DictOfSource, GlobalSource)) or \
+                getattr(s, "static_shapes", False):  # numpy_vars.NumpyTensorSource
             return False
         base = getattr(s, "base", None)
         if base is None:

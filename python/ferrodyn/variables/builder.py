@@ -26,6 +26,7 @@ import operator
 import types
 from typing import Any
 
+import numpy as np
 import torch
 
 from ferrodyn import resume
@@ -40,6 +41,7 @@ from ferrodyn.variables.dicts import DictState, DictVariable
 from ferrodyn.variables.functions import UserFunctionVariable, BoundMethodVariable, build_cell
 from ferrodyn.variables.lists import ListState, ListVariable, TupleVariable
 from ferrodyn.variables.nn_module import NNModuleVariable
+from ferrodyn.variables.numpy_vars import build_numpy, build_numpy_unsourced, is_numpy_value
 from ferrodyn.variables.tensor import TensorVariable
 from ferrodyn.variables.torch_fns import TorchFunctionVariable, is_torch_callable
 from ferrodyn.variables.py_modules import PythonModuleVariable
@@ -77,7 +79,7 @@ _IDENTITY_KEYED = (list, dict, set, collections.OrderedDict)
 
 def _is_identity_keyed(value: Any) -> bool:
     t = type(value)
-    if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module)):
+    if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module, np.ndarray)):
         return True
     return (hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins"
             and not isinstance(value, (type, types.FunctionType, types.ModuleType,
@@ -107,6 +109,10 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if value is None:
         _guard(tx, source, GuardKind.NONE)
         return ConstantVariable(source=source, value=None)
+    if is_numpy_value(value):  # ndarrays, numpy scalars, dtypes, numpy functions
+        var = build_numpy(tx, value, source)
+        if var is not None:
+            return var
     if t is int:  # a dynamic int (dynamic.py decides) is a SymInt graph input
         from ferrodyn.variables.sym_int import maybe_symint_input
         var = maybe_symint_input(tx, value, source)
@@ -119,7 +125,8 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if t in (set, frozenset):
         from ferrodyn.variables.sets import build_set
         return build_set(tx, value, source, _existing(tx, source, obj=value))
-    if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format):
+    if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format) or \
+            value is Ellipsis:
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)
     if t is slice and is_constant_value(value):
@@ -345,6 +352,10 @@ def build_unsourced(value: Any) -> VariableTracker:
         return ListVariable.new(build_unsourced(v) for v in value)
     if is_namedtuple_class(type(value)):
         return NamedTupleVariable.make(type(value), [build_unsourced(v) for v in value])
+    if is_numpy_value(value):
+        var = build_numpy_unsourced(value)
+        if var is not None:
+            return var
     var = _build_constant_object(value, None)
     if var is not None:
         return var

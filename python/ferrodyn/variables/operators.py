@@ -68,6 +68,15 @@ def _is_graph_value(v) -> bool:
     return _is_tensor(v) or isinstance(v, SymIntVariable)
 
 
+def _numpy_operator(tx, fn: Callable, *operands: VariableTracker) -> VariableTracker | None:
+    """An operator with an ndarray or numpy scalar operand (numpy_vars.py); None otherwise."""
+    from ferrodyn.variables.numpy_vars import NdarrayVariable, NumpyConstVariable
+    if not any(isinstance(v, (NdarrayVariable, NumpyConstVariable)) for v in operands):
+        return None
+    from ferrodyn.variables.numpy_vars import numpy_operator
+    return numpy_operator(tx, fn, *operands)
+
+
 def _const(v: VariableTracker) -> Any:
     return v.as_python_constant()
 
@@ -85,6 +94,9 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
     from ferrodyn.variables.lists import ListVariable, TupleVariable
     from ferrodyn.variables.tensor import record_op
     a, b = tx.realize(a), tx.realize(b)
+    res = _numpy_operator(tx, fn, a, b)
+    if res is not None:
+        return res
     if fn in _INPLACE_TO_BINARY and not _is_tensor(a):
         fn = _inplace_fallback(tx, fn, a, b)
         if isinstance(fn, VariableTracker):
@@ -191,6 +203,9 @@ def _inplace_fallback(tx, fn: Callable, a: VariableTracker, b: VariableTracker):
 def compare_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.tensor import record_op
     a, b = tx.realize(a), tx.realize(b)
+    res = _numpy_operator(tx, fn, a, b)
+    if res is not None:
+        return res
     if _is_graph_value(a) or _is_graph_value(b):
         return record_op(tx, "call_function", fn, [a, b], {})
     rich = rich_compare(tx, fn, a, b)
@@ -412,6 +427,9 @@ def is_same(tx, a: VariableTracker, b: VariableTracker) -> bool:
 def unary_op(tx, fn: Callable, a: VariableTracker) -> VariableTracker:
     from ferrodyn.variables.tensor import record_op
     a = tx.realize(a)
+    res = _numpy_operator(tx, fn, a)
+    if res is not None:
+        return res
     if _is_graph_value(a):
         return record_op(tx, "call_function", fn, [a], {})
     if a.is_python_constant():

@@ -45,7 +45,7 @@ REFUSED_ATTRS = {
 # Methods whose result depends on tensor data or that act outside the graph.
 REFUSED_METHODS = {
     "item": BreakReason.DATA_DEPENDENT, "tolist": BreakReason.DATA_DEPENDENT,
-    "numpy": BreakReason.DATA_DEPENDENT, "__bool__": BreakReason.DATA_DEPENDENT,
+    "__bool__": BreakReason.DATA_DEPENDENT,
     "__int__": BreakReason.DATA_DEPENDENT, "__float__": BreakReason.DATA_DEPENDENT,
     "__index__": BreakReason.DATA_DEPENDENT, "data_ptr": BreakReason.DATA_DEPENDENT,
     "backward": BreakReason.SIDE_EFFECT, "register_hook": BreakReason.SIDE_EFFECT,
@@ -193,6 +193,8 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
         unsupported(f"Tensor.{name}()", REFUSED_METHODS[name])
     if name in _SHAPE_METHODS:
         return _SHAPE_METHODS[name](tx, tensor, args, kwargs)
+    if name in _CONVERSION_METHODS:
+        return _CONVERSION_METHODS[name](tx, tensor, args, kwargs)
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
 
 
@@ -230,6 +232,15 @@ def _grad_of_input(tx, tensor):
 
 # Attributes of graph inputs read from the real tensor (else refused, REFUSED_ATTRS).
 _INPUT_ATTRS = {"grad": _grad_of_input}
+
+
+def _numpy_method(tx, tensor, args, kwargs):
+    from ferrodyn.variables.numpy_vars import tensor_numpy
+    return tensor_numpy(tx, tensor, args, kwargs)
+
+
+# Conversions to another library's values: `x.numpy()`, an ndarray sharing x's memory.
+_CONVERSION_METHODS = {"numpy": _numpy_method}
 # Shape queries answered from the fake example (symbolic under dynamic shapes).
 _SHAPE_METHODS = {"size": _size_method}
 _SHAPE_ATTRS = {"shape": _shape_attr}

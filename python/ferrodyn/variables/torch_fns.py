@@ -129,6 +129,14 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.use_deterministic_algorithms: _refuse(BreakReason.SIDE_EFFECT),
 }
 TORCH_HANDLERS[graph_break] = _refuse(BreakReason.GRAPH_BREAK)
+
+
+def _from_numpy(tx, args, kwargs):
+    from ferrodyn.variables.numpy_vars import torch_from_numpy
+    return torch_from_numpy(tx, args, kwargs)
+
+
+TORCH_HANDLERS[torch.from_numpy] = _from_numpy
 if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "graph_break"):
     TORCH_HANDLERS[torch._dynamo.graph_break] = _refuse(BreakReason.GRAPH_BREAK)
 for _name in ("is_dynamo_compiling", "is_compiling"):
