@@ -184,6 +184,7 @@ class OutputGraph:
         mutates = self._mutates_inputs()
         if mutates:
             self.side_effects.tensor_sensitive = True
+            self._refuse_ndarray_overlap()
         self._install_aliasing_guard()
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
         gm.meta[symbolic_shapes.META_KEY] = self.shape_record
@@ -225,26 +226,55 @@ class OutputGraph:
         kept.remove(pending)
         return None if kept else pending.args[0]
 
-    def _mutates_inputs(self) -> bool:
-        """Whether an in-place op of the graph writes to the storage of a graph input."""
+    def _input_storages(self) -> set:
+        from torch.multiprocessing.reductions import StorageWeakRef
+        return {StorageWeakRef(n.meta["example_value"].untyped_storage())
+                for n in self._placeholders
+                if isinstance(n.meta.get("example_value"), torch.Tensor)}  # not SymInts
+
+    def _writes_input(self, node: torch.fx.Node, inputs: set | None = None) -> bool:
+        """Whether `node` is an in-place op writing to the storage of a graph input."""
         from torch.multiprocessing.reductions import StorageWeakRef
         from ferrodyn.variables.tensor import _is_inplace
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return False
+        if not (_is_inplace(node.op, node.target) or "out" in node.kwargs
+                or node.kwargs.get("inplace") is True):
+            return False
+        inputs = self._input_storages() if inputs is None else inputs
+        for arg in (*node.args, *node.kwargs.values()):
+            ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
+            if isinstance(ex, torch.Tensor) and StorageWeakRef(ex.untyped_storage()) in inputs:
+                return True
+        return False
+
+    def _mutates_inputs(self) -> bool:
+        """Whether an in-place op of the graph writes to the storage of a graph input."""
         if self.mutation_epoch == 0:
             return False
-        inputs = {StorageWeakRef(n.meta["example_value"].untyped_storage())
-                  for n in self._placeholders
-                  if isinstance(n.meta.get("example_value"), torch.Tensor)}  # not SymInts
-        for node in self.graph.nodes:
-            if node.op not in ("call_function", "call_method") or not node.args:
-                continue
-            if not (_is_inplace(node.op, node.target) or "out" in node.kwargs
-                    or node.kwargs.get("inplace") is True):
-                continue
-            for arg in (*node.args, *node.kwargs.values()):
-                ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
-                if isinstance(ex, torch.Tensor) and StorageWeakRef(ex.untyped_storage()) in inputs:
-                    return True
-        return False
+        inputs = self._input_storages()
+        return any(self._writes_input(n, inputs) for n in self.graph.nodes)
+
+    def _refuse_ndarray_overlap(self) -> None:
+        """A graph that writes to its inputs, with an ndarray input beside another array
+        input, is refused unless its one write to an input is its last op. The aliasing guard
+        compares tensors' storages; an ndarray's memory can overlap another ndarray's
+        (`f(a, a[1:])`) or a tensor's (`torch.from_numpy`) with no storage to compare, and a
+        backend that functionalizes the writes (aot_eager, inductor) then computes what runs
+        after a write from the stale input. A single last write (`a[...] = b`) reads nothing
+        after it."""
+        from ferrodyn.variables.numpy_graph import NumpyTensorSource
+        sources = [n.meta.get("source") for n in self._placeholders
+                   if isinstance(n.meta.get("example_value"), torch.Tensor)]
+        if not any(isinstance(s, NumpyTensorSource) for s in sources) or len(sources) < 2:
+            return
+        ops = [n for n in self.graph.nodes if n.op in ("call_function", "call_method")]
+        writes = [i for i, n in enumerate(ops) if self._writes_input(n)]
+        if writes == [len(ops) - 1]:
+            return
+        from ferrodyn.variables.base import unsupported
+        unsupported("a graph writing to its inputs with an ndarray input beside other array "
+                    "inputs (their memory may overlap unseen)", BreakReason.SIDE_EFFECT)
 
     def _install_aliasing_guard(self) -> None:
         payload = self.side_effects.aliasing_guard_payload()
