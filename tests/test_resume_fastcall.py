@@ -92,7 +92,7 @@ def test_results_graphs_and_hits_as_through_the_hook(fn):
     hits = {id(f): sum(e.hits for e in _C.cache_entries(f.__code__)) for f in fns}
     for _ in range(3):
         torch.testing.assert_close(cf(x, y), fn(x, y))
-    assert offered() - before == 3  # the root frames only
+    assert offered() - before == 0  # root hits are looked up before their frame exists too
     after = {id(f): sum(e.hits for e in _C.cache_entries(f.__code__)) for f in fns}
     assert sum(after.values()) - sum(hits.values()) == 3
 
