@@ -79,9 +79,21 @@ def _is_identity_keyed(value: Any) -> bool:
     t = type(value)
     if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module)):
         return True
-    return (hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins"
+    if t is types.FunctionType and _made_per_call(value):
+        return True  # guarded by code, not identity: `is` is answered by the aliasing guard
+    return (_generic_getattr(value, "__dict__") is not None and isinstance(t, type) and t.__module__ != "builtins"
             and not isinstance(value, (type, types.FunctionType, types.ModuleType,
                                        types.MethodType))) or is_slots_class(t)
+
+
+def _generic_getattr(value: Any, name: str) -> Any:
+    """`getattr(value, name, None)` without the value's own `__getattr__`/`__getattribute__`
+    (user code that may raise anything, or answer every name: `KeyError` from a config class's
+    `__getattr__` is not "no such attribute")."""
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return None
 
 
 def _existing(tx, source, **kw) -> dict:
@@ -183,10 +195,9 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
             source=source, func=LazyVariable(source=AttrSource(source, "func"), value=value.func),
             args=tuple(LazyVariable(source=ItemSource(args_src, i), value=v)
                        for i, v in enumerate(value.args)),
-            keywords={k: LazyVariable(source=ItemSource(kw_src, k), value=v)
-                      for k, v in value.keywords.items()})
+            keywords=LazyVariable(source=kw_src, value=value.keywords))
     var = _build_constant_object(value, source)
-    if isinstance(var, UserFunctionVariable) and value.__closure__:
+    if isinstance(var, UserFunctionVariable) and _made_per_call(value):
         return _closure_by_code(tx, var, value, source)
     if var is not None:
         _guard(tx, source, GuardKind.ID_MATCH, value)
@@ -197,13 +208,19 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     var = _build_object_model(tx, value, source)
     if var is not None:
         return var
-    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" or \
+    if _generic_getattr(value, "__dict__") is not None and isinstance(t, type) and t.__module__ != "builtins" or \
             is_slots_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
     from ferrodyn.variables.functions import OpaqueVariable
     _guard(tx, source, GuardKind.TYPE_MATCH, t)
     return OpaqueVariable(source=source, value=value)
+
+
+def _made_per_call(fn: types.FunctionType) -> bool:
+    """A function made by each call of an enclosing function (a closure, a nested def or
+    lambda): many objects of one code, so guarded by code (`_closure_by_code`)."""
+    return bool(fn.__closure__) or "<locals>" in fn.__code__.co_qualname
 
 
 def _closure_by_code(tx, var, fn, source):
@@ -305,7 +322,7 @@ def _build_constant_object(value: Any, source: Source | None) -> VariableTracker
             return var
     if is_builtin_like(value):
         return BuiltinVariable(source=source, fn=value)
-    if getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):
+    if _generic_getattr(value, "__objclass__") in (torch._C.TensorBase, torch.Tensor):
         return TorchFunctionVariable(source=source, fn=value)
     if isinstance(value, types.FunctionType):
         if is_torch_callable(value) and not _is_torch_user_code(value):
@@ -356,6 +373,6 @@ def build_unsourced(value: Any) -> VariableTracker:
                                    obj=build_unsourced(value.__self__))
     if isinstance(value, torch.nn.Module):
         return NNModuleVariable(value=value)
-    if hasattr(value, "__dict__") and type(value).__module__ != "builtins":
+    if _generic_getattr(value, "__dict__") is not None and type(value).__module__ != "builtins":
         return UserObjectVariable(value=value)
     unsupported(f"value of type {type(value).__name__}", BreakReason.UNSUPPORTED_TYPE)

@@ -456,37 +456,6 @@ class BoundMethodVariable(VariableTracker):
 
 
 @dataclass(frozen=True, eq=False)
-class PartialVariable(VariableTracker):
-    """`functools.partial(func, *args, **keywords)`, from the frame or made while tracing."""
-
-    func: VariableTracker = None  # type: ignore[assignment]
-    args: tuple = ()
-    keywords: dict = field(default_factory=dict)
-
-    def describe(self):
-        return f"partial({self.func.describe()})"
-
-    def python_type(self):
-        import functools
-        return functools.partial
-
-    def call_function(self, tx, args, kwargs):
-        return tx.realize(self.func).call_function(tx, [*self.args, *args],
-                                                   {**self.keywords, **kwargs})
-
-    def var_getattr(self, tx, name):
-        from ferrodyn.variables.dicts import DictVariable
-        from ferrodyn.variables.lists import TupleVariable
-        if name == "func":
-            return self.func
-        if name == "args":
-            return TupleVariable(items=tuple(self.args))
-        if name == "keywords":
-            return DictVariable.new(self.keywords)
-        return super().var_getattr(tx, name)
-
-
-@dataclass(frozen=True, eq=False)
 class OpaqueVariable(VariableTracker):
     """A frame value of a type the converter does not model. It may be passed around and
     returned unchanged (its type is guarded); any other use gives up."""
@@ -504,3 +473,7 @@ class OpaqueVariable(VariableTracker):
 
     def truth(self, tx):
         unsupported(f"truth value of {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+
+
+# `functools.partial` lives with the other argument-holding callables (re-exported here).
+from ferrodyn.variables.functools_vars import PartialVariable  # noqa: E402,F401
