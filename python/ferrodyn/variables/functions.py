@@ -34,6 +34,7 @@ class CellState:
     mutation_type: Any = None            # side_effects.MutationType; None means NEW
     side_effects: Any = None
     cell_out: Any = None                 # Out reaching the cell object in the entry (or None)
+    fill_key: Any = field(default_factory=object)  # `shared` key of the rebuilt, filled cell
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,16 +66,36 @@ class CellVariable(VariableTracker):
         """The cell object itself (graph breaks hand a frame's cells to its resume function):
         an existing cell through the Out that reaches it; a cell made in the frame, once per
         entry call (every function closing over it, and the resume function, get that one
-        object) with its contents at the break."""
+        object) with its contents at the break or return.
+
+        A cell made in the frame is made empty, then filled with its contents (`fill_cell`),
+        so that contents which refer back to the cell rebuild: a nested function that calls
+        itself has its own cell in its closure. When the contents are the very object being
+        rebuilt (the function, reached through its closure), the cell is filled right after
+        that object is made (`SideEffects.defer_fill`). Nothing in the entry reads a rebuilt
+        cell, so it is filled before anything can see it."""
         from ferrodyn.trace_result import OutCall
         st = self.state
         if st.mutation_type is not None:
             if st.cell_out is None:
                 unsupported("a cell that cannot be reached from the frame", BreakReason.OTHER)
             return st.cell_out
-        content = st.content
-        return tx.output.side_effects.shared(st, lambda: OutCall(types.CellType, (
-            () if content is None else (tx.realize(content).reconstruct(tx),))))
+        table = tx.output.side_effects
+        cell = table.shared(st, lambda: OutCall(types.CellType, ()))
+        if st.content is None or table.is_building(st.fill_key):
+            return cell
+        content = tx.realize(st.content)
+        if table.is_building(content.identity()):
+            table.defer_fill(content.identity(), cell)
+            return cell
+        return table.shared(st.fill_key, lambda: OutCall(fill_cell, (
+            cell, content.reconstruct(tx))))
+
+
+def fill_cell(cell: types.CellType, value: Any) -> types.CellType:
+    """`cell.cell_contents = value`; returns the cell (CellVariable.reconstruct)."""
+    cell.cell_contents = value
+    return cell
 
 
 def existing_cell(tx, cell: types.CellType, cell_source: Source | None,
