@@ -81,7 +81,7 @@ def _is_identity_keyed(value: Any) -> bool:
         return True
     if t is types.FunctionType and _made_per_call(value):
         return True  # guarded by code, not identity: `is` is answered by the aliasing guard
-    return (_generic_getattr(value, "__dict__") is not None and isinstance(t, type) and t.__module__ != "builtins"
+    return (_has_instance_dict(value) and isinstance(t, type) and t.__module__ != "builtins"
             and not isinstance(value, (type, types.FunctionType, types.ModuleType,
                                        types.MethodType))) or is_slots_class(t)
 
@@ -94,6 +94,13 @@ def _generic_getattr(value: Any, name: str) -> Any:
         return object.__getattribute__(value, name)
     except AttributeError:
         return None
+
+
+def _has_instance_dict(value: Any) -> bool:
+    """`hasattr(value, "__dict__")` without running user code and without making the dict
+    (reading `obj.__dict__` creates it, which changes CPython's behaviour: a partial with a
+    `__dict__` is no longer flattened into `partial(p, ...)`)."""
+    return getattr(type(value), "__dictoffset__", 0) != 0
 
 
 def _existing(tx, source, **kw) -> dict:
@@ -208,7 +215,7 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     var = _build_object_model(tx, value, source)
     if var is not None:
         return var
-    if _generic_getattr(value, "__dict__") is not None and isinstance(t, type) and t.__module__ != "builtins" or \
+    if _has_instance_dict(value) and isinstance(t, type) and t.__module__ != "builtins" or \
             is_slots_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
@@ -373,6 +380,6 @@ def build_unsourced(value: Any) -> VariableTracker:
                                    obj=build_unsourced(value.__self__))
     if isinstance(value, torch.nn.Module):
         return NNModuleVariable(value=value)
-    if _generic_getattr(value, "__dict__") is not None and type(value).__module__ != "builtins":
+    if _has_instance_dict(value) and type(value).__module__ != "builtins":
         return UserObjectVariable(value=value)
     unsupported(f"value of type {type(value).__name__}", BreakReason.UNSUPPORTED_TYPE)
