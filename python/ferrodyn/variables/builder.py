@@ -231,8 +231,9 @@ def _made_per_call(fn: types.FunctionType) -> bool:
 
 
 def _closure_by_code(tx, var, fn, source):
-    """A closure (made per call: a function defined in the frame, handed to a resume function
-    after a graph break) is guarded by what the trace reads of it, not by identity: its code,
+    """A function made per call (`_made_per_call`: a closure, a nested def or lambda, e.g. one
+    defined in the frame and handed to a resume function after a graph break, or a lambda in a
+    partial from the caller) is guarded by what the trace reads of it, not by identity: its code,
     globals and the shape of its defaults (their values and the cells' contents are guarded
     through their Sources when used). Its identity is never baked in (`by_code`)."""
     _guard(tx, source, GuardKind.TYPE_MATCH, types.FunctionType)

@@ -5,9 +5,11 @@ and closure cells; plus argument binding.
 Owns how a call binds arguments to a code object's parameters (positional, keyword, defaults,
 `*args`, `**kwargs`) and hands the body to the translator for inlining; `CellVariable` (a
 closure cell whose contents live in a shared `CellState`); rebuilding a function made in the
-frame and its new cells in the entry, once per call (`make_function`: graph breaks hand them
-to resume functions, and frames return them). Does not own running the inlined
-body (symbolic/inline.py) or torch functions (torch_fns.py).
+frame and its new cells in the entry, once per call (`make_function`; cells made empty, then
+filled by `fill_cell`, so a function may close over itself: graph breaks hand them to resume
+functions, frames return them or store them into outside objects). Does not own running the
+inlined body (symbolic/inline.py), torch functions (torch_fns.py) or `functools.partial`
+(functools_vars.py; re-exported here).
 """
 
 from __future__ import annotations
