@@ -425,3 +425,30 @@ def test_returned_function_is_a_new_object_each_call():
            for _ in range(2)]
     assert got[0] is not got[1] and isinstance(got[0], types.FunctionType)
     assert got[0].__closure__[0] is not got[1].__closure__[0]
+
+
+# ---- ints kept in cells -------------------------------------------------------------------
+
+def make_counter():
+    c = 0
+
+    def step(x):
+        nonlocal c
+        c += 1
+        return x * c, c
+    return step, lambda: c
+
+
+def test_int_counter_in_a_cell_becomes_dynamic_like_a_local():
+    (ours_fn, ours_read), (eager_fn, eager_read), (theirs_fn, _) = (make_counter()
+                                                                    for _ in range(3))
+    cf = ferrodyn.compile(ours_fn, backend=(ours := CountingBackend()))
+    torch._dynamo.reset()
+    ct = torch.compile(theirs_fn, backend=(theirs := CountingBackend()))
+    x = torch.ones(2)
+    for _ in range(5):
+        got, want = cf(x), eager_fn(x)
+        assert same(want, got) and type(got[1]) is int
+        assert ours_read() == eager_read() and type(ours_read()) is int
+        ct(x)
+    assert ours.count == theirs.count == 2  # static, then a SymInt from the first change on
