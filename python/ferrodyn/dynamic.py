@@ -67,6 +67,14 @@ def _loop_item(source: Source) -> bool:
         source.base.name().startswith("L['__ferrodyn_stack")
 
 
+def _cell_int(source: Source) -> bool:
+    """The contents of a closure cell (`nonlocal` counters, the cells a resume function is
+    handed): an int like a local, so a counter kept in a cell does not compile once per value."""
+    from ferrodyn.source import ClosureSource
+    return isinstance(source, ClosureSource) or \
+        isinstance(source, AttrSource) and source.attr == "cell_contents"
+
+
 class Policy:
     """The policy of one trace: `dims_for(source, tensor)` and `int_is_dynamic(source, value)`
     answer the converter; what they saw is remembered by `commit()`."""
@@ -118,7 +126,8 @@ class Policy:
 
     # -- ints ----------------------------------------------------------------------------
     def int_is_dynamic(self, source: Source, value: int) -> bool:
-        if not (isinstance(source, LocalSource) or _loop_item(source)) or self.mode is False:
+        if not (isinstance(source, LocalSource) or _loop_item(source) or _cell_int(source)) \
+                or self.mode is False:
             return False
         name = source.name()
         if self.mode is True:

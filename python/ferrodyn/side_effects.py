@@ -110,6 +110,7 @@ class SideEffects:
         self._shared: dict[int, tuple[Any, OutShared]] = {}  # id(state) -> (state, out)
         self._next_key = 0
         self._building: set[Any] = set()
+        self._deferred_fills: dict[int, list[Out]] = {}  # id(key being built) -> cells to fill
         self._class_attrs: dict[tuple[int, str], tuple[type, Any]] = {}  # pending class attrs
         self.identity_sensitive = False  # set by mutations of objects and `is` on inputs
         self.tensor_sensitive = False    # set when the graph writes to an input in place
@@ -291,11 +292,25 @@ class SideEffects:
             unsupported("rebuilding a container that contains itself", BreakReason.UNSUPPORTED_TYPE)
         self._building.add(id(key))
         try:
-            out = self._new_shared(build())
+            value = build()
         finally:
             self._building.discard(id(key))
+        fills = self._deferred_fills.pop(id(key), None)
+        if fills:  # cells whose contents are this object (a function closing over itself)
+            value = OutCall(fill_cells, (value, OutTuple(tuple(fills))))
+        out = self._new_shared(value)
         self._shared[id(key)] = (key, out)
         return out
+
+    def is_building(self, key: Any) -> bool:
+        """Whether the Out of `key` (a `shared` key) is being built (a reference to it now
+        would be a cycle)."""
+        return id(key) in self._building
+
+    def defer_fill(self, key: Any, cell_out: Out) -> None:
+        """Fill the cell `cell_out` with the object of `key` (being built) once it is made:
+        `cell.cell_contents = obj` right after the object's own construction."""
+        self._deferred_fills.setdefault(id(key), []).append(cell_out)
 
     def _new_shared(self, out: Out) -> OutShared:
         self._next_key += 1
@@ -345,6 +360,13 @@ class SideEffects:
     @staticmethod
     def _value(tx: Any, value: "VariableTracker") -> Out:
         return value_out(tx, value)
+
+
+def fill_cells(obj: Any, cells: tuple) -> Any:
+    """`cell.cell_contents = obj` for each cell; returns obj (see SideEffects.defer_fill)."""
+    for cell in cells:
+        cell.cell_contents = obj
+    return obj
 
 
 def unshare(outs: tuple[Out, ...]) -> tuple[Out, ...]:

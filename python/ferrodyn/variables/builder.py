@@ -81,9 +81,28 @@ def _is_identity_keyed(value: Any) -> bool:
     t = type(value)
     if t in _IDENTITY_KEYED or isinstance(value, (torch.Tensor, torch.nn.Module, np.ndarray)):
         return True
-    return (hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins"
+    if t is types.FunctionType and _made_per_call(value):
+        return True  # guarded by code, not identity: `is` is answered by the aliasing guard
+    return (_has_instance_dict(value) and isinstance(t, type) and t.__module__ != "builtins"
             and not isinstance(value, (type, types.FunctionType, types.ModuleType,
                                        types.MethodType))) or is_slots_class(t)
+
+
+def _generic_getattr(value: Any, name: str) -> Any:
+    """`getattr(value, name, None)` without the value's own `__getattr__`/`__getattribute__`
+    (user code that may raise anything, or answer every name: `KeyError` from a config class's
+    `__getattr__` is not "no such attribute")."""
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return None
+
+
+def _has_instance_dict(value: Any) -> bool:
+    """`hasattr(value, "__dict__")` without running user code and without making the dict
+    (reading `obj.__dict__` creates it, which changes CPython's behaviour: a partial with a
+    `__dict__` is no longer flattened into `partial(p, ...)`)."""
+    return getattr(type(value), "__dictoffset__", 0) != 0
 
 
 def _existing(tx, source, **kw) -> dict:
@@ -190,10 +209,9 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
             source=source, func=LazyVariable(source=AttrSource(source, "func"), value=value.func),
             args=tuple(LazyVariable(source=ItemSource(args_src, i), value=v)
                        for i, v in enumerate(value.args)),
-            keywords={k: LazyVariable(source=ItemSource(kw_src, k), value=v)
-                      for k, v in value.keywords.items()})
+            keywords=LazyVariable(source=kw_src, value=value.keywords))
     var = _build_constant_object(value, source)
-    if isinstance(var, UserFunctionVariable) and value.__closure__:
+    if isinstance(var, UserFunctionVariable) and _made_per_call(value):
         return _closure_by_code(tx, var, value, source)
     if var is not None:
         _guard(tx, source, GuardKind.ID_MATCH, value)
@@ -204,7 +222,7 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     var = _build_object_model(tx, value, source)
     if var is not None:
         return var
-    if hasattr(value, "__dict__") and isinstance(t, type) and t.__module__ != "builtins" or \
+    if _has_instance_dict(value) and isinstance(t, type) and t.__module__ != "builtins" or \
             is_slots_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return UserObjectVariable(source=source, value=value)
@@ -213,9 +231,16 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     return OpaqueVariable(source=source, value=value)
 
 
+def _made_per_call(fn: types.FunctionType) -> bool:
+    """A function made by each call of an enclosing function (a closure, a nested def or
+    lambda): many objects of one code, so guarded by code (`_closure_by_code`)."""
+    return bool(fn.__closure__) or "<locals>" in fn.__code__.co_qualname
+
+
 def _closure_by_code(tx, var, fn, source):
-    """A closure (made per call: a function defined in the frame, handed to a resume function
-    after a graph break) is guarded by what the trace reads of it, not by identity: its code,
+    """A function made per call (`_made_per_call`: a closure, a nested def or lambda, e.g. one
+    defined in the frame and handed to a resume function after a graph break, or a lambda in a
+    partial from the caller) is guarded by what the trace reads of it, not by identity: its code,
     globals and the shape of its defaults (their values and the cells' contents are guarded
     through their Sources when used). Its identity is never baked in (`by_code`)."""
     _guard(tx, source, GuardKind.TYPE_MATCH, types.FunctionType)
@@ -312,7 +337,7 @@ def _build_constant_object(value: Any, source: Source | None) -> VariableTracker
             return var
     if is_builtin_like(value):
         return BuiltinVariable(source=source, fn=value)
-    if getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):
+    if _generic_getattr(value, "__objclass__") in (torch._C.TensorBase, torch.Tensor):
         return TorchFunctionVariable(source=source, fn=value)
     if isinstance(value, types.FunctionType):
         if is_torch_callable(value) and not _is_torch_user_code(value):
@@ -367,6 +392,6 @@ def build_unsourced(value: Any) -> VariableTracker:
                                    obj=build_unsourced(value.__self__))
     if isinstance(value, torch.nn.Module):
         return NNModuleVariable(value=value)
-    if hasattr(value, "__dict__") and type(value).__module__ != "builtins":
+    if _has_instance_dict(value) and type(value).__module__ != "builtins":
         return UserObjectVariable(value=value)
     unsupported(f"value of type {type(value).__name__}", BreakReason.UNSUPPORTED_TYPE)

@@ -328,7 +328,7 @@ def _tuple_new(tx, cls, iterable=None):
 
 def _partial(tx, func, *args, **kwargs):
     from ferrodyn.variables.functions import PartialVariable
-    return PartialVariable(func=tx.realize(func), args=tuple(args), keywords=dict(kwargs))
+    return PartialVariable.make(tx, func, args, kwargs)
 
 
 def _set(tx, iterable=None):

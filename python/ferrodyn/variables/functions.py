@@ -5,9 +5,11 @@ and closure cells; plus argument binding.
 Owns how a call binds arguments to a code object's parameters (positional, keyword, defaults,
 `*args`, `**kwargs`) and hands the body to the translator for inlining; `CellVariable` (a
 closure cell whose contents live in a shared `CellState`); rebuilding a function made in the
-frame and its new cells in the entry, once per call (`make_function`: graph breaks hand them
-to resume functions, and frames return them). Does not own running the inlined
-body (symbolic/inline.py) or torch functions (torch_fns.py).
+frame and its new cells in the entry, once per call (`make_function`; cells made empty, then
+filled by `fill_cell`, so a function may close over itself: graph breaks hand them to resume
+functions, frames return them or store them into outside objects). Does not own running the
+inlined body (symbolic/inline.py), torch functions (torch_fns.py) or `functools.partial`
+(functools_vars.py; re-exported here).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class CellState:
     mutation_type: Any = None            # side_effects.MutationType; None means NEW
     side_effects: Any = None
     cell_out: Any = None                 # Out reaching the cell object in the entry (or None)
+    fill_key: Any = field(default_factory=object)  # `shared` key of the rebuilt, filled cell
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,16 +68,36 @@ class CellVariable(VariableTracker):
         """The cell object itself (graph breaks hand a frame's cells to its resume function):
         an existing cell through the Out that reaches it; a cell made in the frame, once per
         entry call (every function closing over it, and the resume function, get that one
-        object) with its contents at the break."""
+        object) with its contents at the break or return.
+
+        A cell made in the frame is made empty, then filled with its contents (`fill_cell`),
+        so that contents which refer back to the cell rebuild: a nested function that calls
+        itself has its own cell in its closure. When the contents are the very object being
+        rebuilt (the function, reached through its closure), the cell is filled right after
+        that object is made (`SideEffects.defer_fill`). Nothing in the entry reads a rebuilt
+        cell, so it is filled before anything can see it."""
         from ferrodyn.trace_result import OutCall
         st = self.state
         if st.mutation_type is not None:
             if st.cell_out is None:
                 unsupported("a cell that cannot be reached from the frame", BreakReason.OTHER)
             return st.cell_out
-        content = st.content
-        return tx.output.side_effects.shared(st, lambda: OutCall(types.CellType, (
-            () if content is None else (tx.realize(content).reconstruct(tx),))))
+        table = tx.output.side_effects
+        cell = table.shared(st, lambda: OutCall(types.CellType, ()))
+        if st.content is None or table.is_building(st.fill_key):
+            return cell
+        content = tx.realize(st.content)
+        if table.is_building(content.identity()):
+            table.defer_fill(content.identity(), cell)
+            return cell
+        return table.shared(st.fill_key, lambda: OutCall(fill_cell, (
+            cell, content.reconstruct(tx))))
+
+
+def fill_cell(cell: types.CellType, value: Any) -> types.CellType:
+    """`cell.cell_contents = value`; returns the cell (CellVariable.reconstruct)."""
+    cell.cell_contents = value
+    return cell
 
 
 def existing_cell(tx, cell: types.CellType, cell_source: Source | None,
@@ -456,37 +479,6 @@ class BoundMethodVariable(VariableTracker):
 
 
 @dataclass(frozen=True, eq=False)
-class PartialVariable(VariableTracker):
-    """`functools.partial(func, *args, **keywords)`, from the frame or made while tracing."""
-
-    func: VariableTracker = None  # type: ignore[assignment]
-    args: tuple = ()
-    keywords: dict = field(default_factory=dict)
-
-    def describe(self):
-        return f"partial({self.func.describe()})"
-
-    def python_type(self):
-        import functools
-        return functools.partial
-
-    def call_function(self, tx, args, kwargs):
-        return tx.realize(self.func).call_function(tx, [*self.args, *args],
-                                                   {**self.keywords, **kwargs})
-
-    def var_getattr(self, tx, name):
-        from ferrodyn.variables.dicts import DictVariable
-        from ferrodyn.variables.lists import TupleVariable
-        if name == "func":
-            return self.func
-        if name == "args":
-            return TupleVariable(items=tuple(self.args))
-        if name == "keywords":
-            return DictVariable.new(self.keywords)
-        return super().var_getattr(tx, name)
-
-
-@dataclass(frozen=True, eq=False)
 class OpaqueVariable(VariableTracker):
     """A frame value of a type the converter does not model. It may be passed around and
     returned unchanged (its type is guarded); any other use gives up."""
@@ -504,3 +496,7 @@ class OpaqueVariable(VariableTracker):
 
     def truth(self, tx):
         unsupported(f"truth value of {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+
+
+# `functools.partial` lives with the other argument-holding callables (re-exported here).
+from ferrodyn.variables.functools_vars import PartialVariable  # noqa: E402,F401

@@ -1,10 +1,12 @@
 """Trackers for callables that hold state or arguments: the callables of `operator`
 (`itemgetter`, `attrgetter`, `methodcaller`, made in the frame or read from it, guarded by
-identity; their arguments are constants fixed at creation) and `functools.lru_cache` /
-`functools.cache` wrappers.
+identity; their arguments are constants fixed at creation), `functools.lru_cache` /
+`functools.cache` wrappers, and `functools.partial` objects.
 
-Owns `OperatorGetterVariable` and the handlers that make one, and `LruCacheVariable`. Does not
-own `functools.partial` (functions.py) or the plain `operator` functions (builtins.py).
+Owns `OperatorGetterVariable` and the handlers that make one, `LruCacheVariable`, and
+`PartialVariable` (read from the frame or made in it, called, and rebuilt by `make_partial`
+when it outlives the trace). Does not own the plain `operator` functions (builtins.py) or the
+function a partial wraps (functions.py).
 
 The rule for a call of an lru_cache wrapper. CPython's call looks the arguments up in the
 cache: a hit returns the *cached object* (the same object every time: identity matters for a
@@ -214,3 +216,110 @@ def build_lru_wrapper(tx, value, source) -> LruCacheVariable:
     from ferrodyn.guard_spec import GuardKind
     tx.output.install_guard(source, GuardKind.ID_MATCH, value)
     return LruCacheVariable(source=source, value=value)
+
+
+# ---- functools.partial ------------------------------------------------------------------------
+
+def make_partial(func, args: tuple, keywords: dict):
+    """What the entry calls to rebuild a partial made in the frame: `partial(func, *args,
+    **keywords)` as CPython makes it (flattening a plain partial `func`), whose `keywords` is
+    the rebuilt dict object itself when not flattened (the frame's `p.keywords` and `p` share
+    it, as in eager code)."""
+    p = functools.partial(func, *args, **keywords)
+    if p.func is func:
+        p.__setstate__((func, tuple(args), keywords, None))
+    return p
+
+
+@dataclass(frozen=True, eq=False)
+class PartialVariable(VariableTracker):
+    """`functools.partial(func, *args, **keywords)`, read from the frame (`source`; its
+    `keywords` is a LazyVariable of the real dict, so stores into `p.keywords` are replayed) or
+    made while tracing (`keywords` is a new DictVariable; rebuilt once per entry call by
+    `make_partial` when it outlives the trace: returned, stored, live at a graph break).
+
+    CPython flattens `partial(p, ...)` of a plain partial `p` without instance attributes into
+    one partial (`func`, `args` and `keywords` merged). A partial made in the frame is flattened
+    here the same way; over a partial from outside the frame (whose `__dict__` the trace does
+    not see) it is kept nested (`over_existing`): calls are the same either way, its
+    `func`/`args`/`keywords` are refused, and the rebuilt object is made by CPython's rule."""
+
+    func: VariableTracker = None  # type: ignore[assignment]
+    args: tuple = ()
+    keywords: Any = None
+    over_existing: bool = False
+
+    def __post_init__(self):
+        if self.keywords is None or isinstance(self.keywords, dict):
+            from ferrodyn.variables.dicts import DictVariable
+            object.__setattr__(self, "keywords", DictVariable.new(self.keywords or {}))
+
+    @staticmethod
+    def make(tx, func: VariableTracker, args, kwargs: dict) -> "PartialVariable":
+        """`functools.partial(func, *args, **kwargs)` called in the frame."""
+        from ferrodyn.variables.dicts import DictVariable
+        func = tx.realize(func)
+        if isinstance(func, ConstantVariable) and not callable(func.value):
+            unsupported("TypeError: the first argument of functools.partial must be callable",
+                        BreakReason.EXCEPTION)
+        if isinstance(func, PartialVariable) and func.source is None and not func.over_existing:
+            merged = {**func.keyword_items(tx), **kwargs}
+            return PartialVariable(func=func.func, args=(*func.args, *args),
+                                   keywords=DictVariable.new(merged))
+        return PartialVariable(func=func, args=tuple(args), keywords=DictVariable.new(kwargs),
+                               over_existing=isinstance(func, PartialVariable))
+
+    def keyword_items(self, tx) -> dict:
+        """The keywords as they are now (a store into `p.keywords` in the frame included)."""
+        kw = tx.realize(self.keywords)
+        items = getattr(getattr(kw, "state", None), "items", None)
+        if not isinstance(items, dict) or not all(isinstance(k, str) for k in items):
+            unsupported(f"keywords of {self.describe()} that are not a dict of str keys",
+                        BreakReason.UNSUPPORTED_TYPE)
+        return items
+
+    def describe(self):
+        return f"partial({self.func.describe()})"
+
+    def python_type(self):
+        return functools.partial
+
+    def call_function(self, tx, args, kwargs):
+        return tx.realize(self.func).call_function(tx, [*self.args, *args],
+                                                   {**self.keyword_items(tx), **kwargs})
+
+    def var_getattr(self, tx, name):
+        from ferrodyn.variables.lists import TupleVariable
+        if name in ("func", "args", "keywords"):
+            if self.over_existing:
+                unsupported(f"attribute {name!r} of a partial of a partial from outside the "
+                            f"frame (CPython flattens it or not by the inner one's __dict__)",
+                            BreakReason.UNSUPPORTED_TYPE)
+            if name == "func":
+                return self.func
+            if name == "args":
+                return TupleVariable(items=tuple(self.args))
+            return self.keywords
+        return super().var_getattr(tx, name)
+
+    def has_attr(self, tx, name):
+        from ferrodyn.variables.base import instance_has_attr
+        if instance_has_attr(functools.partial, name):
+            return True
+        if self.source is None:  # made in the frame: no instance attributes (setattr refused)
+            return False
+        unsupported(f"hasattr({self.describe()}, {name!r}): the partial's instance __dict__ "
+                    f"is not modelled", BreakReason.UNSUPPORTED_TYPE)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutCall, OutTuple
+        if self.source is not None:
+            return super().reconstruct(tx)
+        self.keyword_items(tx)
+
+        def build():
+            return OutCall(make_partial, (
+                tx.realize(self.func).reconstruct(tx),
+                OutTuple(tuple(tx.realize(a).reconstruct(tx) for a in self.args)),
+                tx.realize(self.keywords).reconstruct(tx)))
+        return tx.output.side_effects.shared(self, build)
