@@ -214,4 +214,36 @@ def _is_dataclass(tx, obj) -> VariableTracker:
     return ConstantVariable(value=dataclasses.is_dataclass(v.python_type()))
 
 
-HANDLERS = {dataclasses.fields: dataclass_fields, dataclasses.is_dataclass: _is_dataclass}
+# ---- defaultdict and fromkeys ----------------------------------------------------------------
+
+def construct_defaultdict(tx, /, *args, **kwargs) -> VariableTracker:
+    """`defaultdict(factory=None, *args, **kwargs)`: the factory must be callable or None (else
+    TypeError, refused), the rest fills the items as `dict.update` does."""
+    from ferrodyn.variables.builtins import BUILTIN_HANDLERS
+    from ferrodyn.variables.dicts import _is_none, _update
+    factory = tx.realize(args[0]) if args else ConstantVariable(value=None)
+    if not _is_none(factory) and not BUILTIN_HANDLERS[callable](tx, factory).value:
+        unsupported("TypeError: first argument must be callable or None", BreakReason.EXCEPTION)
+    d = DictVariable.new({}, collections.defaultdict, factory)
+    _update(tx, d, *args[1:], **kwargs)
+    return d
+
+
+def _fromkeys(cls: type):
+    """`cls.fromkeys(iterable, value=None)`: `cls()` (a defaultdict without a factory), then
+    every key of `iterable`, in its order, set to the one `value` object."""
+    def handler(tx, iterable, value=None):
+        from ferrodyn.variables.dicts import dict_key
+        from ferrodyn.variables.lists import each_item
+        value = value if value is not None else ConstantVariable(value=None)
+        d = DictVariable.new({}, cls)
+        for k in each_item(tx, iterable):
+            d.mutable()[dict_key(tx, k)] = value
+        return d
+    return handler
+
+
+HANDLERS = {dataclasses.fields: dataclass_fields, dataclasses.is_dataclass: _is_dataclass,
+            collections.defaultdict: construct_defaultdict,
+            **{cls.fromkeys: _fromkeys(cls) for cls in (dict, collections.OrderedDict,
+                                                        collections.defaultdict)}}

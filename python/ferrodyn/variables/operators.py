@@ -136,13 +136,10 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
     if isinstance(b, (ListVariable, TupleVariable)) and base is operator.mul and \
             a.is_python_constant():
         return binary_op(tx, fn, b, a)
-    if isinstance(a, DictVariable) and isinstance(b, DictVariable) and base is operator.or_:
-        merged = dict(a.state.items)
-        merged.update(b.state.items)
-        if inplace:
-            a.mutable().update(b.state.items)
-            return a
-        return DictVariable.new(merged, a.state.cls)
+    if isinstance(a, DictVariable) and base is operator.or_ and \
+            (inplace or isinstance(b, DictVariable)):
+        from ferrodyn.variables.dicts import dict_or
+        return dict_or(tx, a, b, inplace)
     if a.is_python_constant() and b.is_python_constant():
         read = _const_immutable if fn in _INPLACE_TO_BINARY else _const  # never mutate a copy
         try:
