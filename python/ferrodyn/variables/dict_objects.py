@@ -243,7 +243,10 @@ def _fromkeys(cls: type):
     return handler
 
 
+from ferrodyn.variables import dict_views  # noqa: E402  (its handlers join this table)
+
 HANDLERS = {dataclasses.fields: dataclass_fields, dataclasses.is_dataclass: _is_dataclass,
+            **dict_views.HANDLERS,
             collections.defaultdict: construct_defaultdict,
             **{cls.fromkeys: _fromkeys(cls) for cls in (dict, collections.OrderedDict,
                                                         collections.defaultdict)}}

@@ -339,6 +339,12 @@ class DictViewVariable(VariableTracker):
     def has_attr(self, tx, name):
         return hasattr(_VIEW_TYPES[self.kind], name)
 
+    def var_getattr(self, tx, name):
+        if name == "mapping":  # a read-only live proxy of the view's dict
+            from ferrodyn.variables.dict_views import view_mapping
+            return view_mapping(tx, self)
+        unsupported(f"attribute {name!r} of dict_{self.kind}", BreakReason.UNSUPPORTED_TYPE)
+
     def reconstruct(self, tx):
         import operator
         return OutCall(operator.methodcaller(self.kind), (self.dict_var.reconstruct(tx),))
