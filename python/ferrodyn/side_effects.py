@@ -111,6 +111,7 @@ class SideEffects:
         self._next_key = 0
         self._building: set[Any] = set()
         self._class_attrs: dict[tuple[int, str], tuple[type, Any]] = {}  # pending class attrs
+        self.dict_parts: dict[int, tuple[Any, Any]] = {}  # dict subclass object -> its items' tracker
         self.identity_sensitive = False  # set by mutations of objects and `is` on inputs
         self.tensor_sensitive = False    # set when the graph writes to an input in place
         # run before every replay (end of trace, graph break): raise Unsupported when a state

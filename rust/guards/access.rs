@@ -29,7 +29,8 @@ pub(crate) enum Access {
     DictOf,
     TypeOf,
     LenOf,
-    /// The `index`-th element of an exact set or frozenset in iteration order.
+    /// The `index`-th element of an exact set or frozenset (or key of an exact dict) in
+    /// iteration order.
     SetItem(usize),
     TensorSize(i64),
     TensorStride(i64),
@@ -204,6 +205,10 @@ impl Access {
             Access::SetItem(i) => {
                 if let Ok(s) = parent.cast_exact::<PySet>() {
                     return s.iter().nth(*i);
+                }
+                if let Ok(d) = parent.cast_exact::<PyDict>() {
+                    // the `i`-th key of an exact dict, in insertion order (no Python code runs)
+                    return d.iter().nth(*i).map(|(k, _)| k);
                 }
                 let s = parent.cast_exact::<PyFrozenSet>().ok()?;
                 s.iter().nth(*i)

@@ -24,7 +24,7 @@ from ferrodyn.trace_result import OutCall, OutConst, OutTuple
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.dicts import DictVariable
-from ferrodyn.variables.user_objects import NewObjectVariable, ObjState, lookup_class_attr
+from ferrodyn.variables.user_objects import _ABSENT, NewObjectVariable, ObjState, lookup_class_attr
 
 # builtin bases whose instances keep their items in the dict part
 DICT_BASES = (collections.OrderedDict, dict)
@@ -132,8 +132,11 @@ _VIEW_READERS = ("__getitem__", "keys", "__iter__", "__len__")
 
 
 def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
-    """The items of a dict subclass instance from the frame, read-only (mutations give up),
-    keys guarded; None when not viewable."""
+    """The items of a dict subclass instance from the frame (one state per object, so every
+    method sees earlier mutations), keys guarded; mutations are replayed through the builtin
+    base's own `clear`/`__setitem__`, past the subclass's overrides (their effects were traced).
+    None when not viewable: a class overriding how the guards read items, or with `__missing__`
+    (a guard reading a key that has gone would run it)."""
     from ferrodyn.guard_spec import GuardKind
     from ferrodyn.source import ItemSource
     from ferrodyn.variables.base import LazyVariable
@@ -142,8 +145,13 @@ def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
     value = getattr(obj, "value", None)
     if obj.source is None or not isinstance(value, dict):
         return None
+    side_effects = tx.output.side_effects
+    hit = side_effects.dict_parts.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
     cls, base = type(value), next(b for b in DICT_BASES if isinstance(value, b))
-    if any(lookup_class_attr(cls, m) is not lookup_class_attr(base, m) for m in _VIEW_READERS):
+    if any(lookup_class_attr(cls, m) is not lookup_class_attr(base, m) for m in _VIEW_READERS) \
+            or lookup_class_attr(cls, "__missing__") is not _ABSENT:
         return None
     keys = tuple(base.keys(value))
     if not all(is_constant_value(k) for k in keys):
@@ -151,7 +159,11 @@ def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
     tx.output.install_guard(obj.source, GuardKind.DICT_KEYS, keys)
     items = {k: LazyVariable(source=ItemSource(obj.source, k), value=base.__getitem__(value, k))
              for k in keys}
-    return DictVariable(state=DictState(items, MutationType.EXISTING, cls=base, read_only=True))
+    part = DictVariable(state=DictState(items, MutationType.EXISTING, cls=base,
+                                        side_effects=side_effects, source=obj.source, obj=value,
+                                        replay_base=base))
+    side_effects.dict_parts[id(value)] = (value, part)
+    return part
 
 
 # ---- dataclasses.fields ---------------------------------------------------------------------

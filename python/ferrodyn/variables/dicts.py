@@ -90,6 +90,8 @@ class DictState:
     read_only: bool = False    # a view that Python code cannot mutate through (mappingproxy,
                                # Signature.parameters) or whose mutations are not modelled
     default_factory: Any = None  # a defaultdict's factory tracker (ConstantVariable(None): none)
+    replay_base: Any = None    # the items of a dict subclass instance: replayed with this
+                               # builtin base's methods (past the subclass's overrides)
 
     def on_mutate(self, structural: bool = True) -> None:
         if structural:
@@ -101,8 +103,19 @@ class DictState:
         from ferrodyn.trace_result import OutSource
         from ferrodyn.side_effects import value_out
         from ferrodyn.variables.dict_keys import keys_out
-        return replace_dict, (OutSource(self.source), keys_out(tx, self.items),
-                              OutTuple(tuple(value_out(tx, v) for v in self.items.values())))
+        args = (OutSource(self.source), keys_out(tx, self.items),
+                OutTuple(tuple(value_out(tx, v) for v in self.items.values())))
+        if self.replay_base is not None:
+            return replace_base_items, (OutConst(self.replay_base), *args)
+        return replace_dict, args
+
+
+def replace_base_items(base: type, target: dict, keys: tuple, values: tuple) -> None:
+    """`target`'s items (a dict subclass instance) replaced through its builtin base's own
+    methods, so no override of the subclass runs (called by generated entries)."""
+    base.clear(target)
+    for k, v in zip(keys, values):
+        base.__setitem__(target, k, v)
 
 
 @dataclass(frozen=True, eq=False)
