@@ -232,6 +232,17 @@ impl GuardBuilder {
         )
     }
 
+    /// The `index`-th value of an exact dict in insertion order (another type or a shorter
+    /// dict fails every leaf below).
+    fn dict_value(&mut self, parent: PyRef<'_, GuardNode>, index: usize) -> Result<GuardNode> {
+        self.node(
+            Some(&parent),
+            AccessKey::DictValue(index),
+            "",
+            Access::DictValue(index),
+        )
+    }
+
     fn tensor_size(&mut self, parent: PyRef<'_, GuardNode>, dim: i64) -> Result<GuardNode> {
         self.node(
             Some(&parent),

@@ -13,7 +13,8 @@ Owns the key model of `DictState.items` beyond constants (which are their own ke
 - anything else (a user `__hash__`/`__eq__`, a mutable dataclass) is refused.
 A key object remembers the tracker that was inserted first (CPython keeps the first key object
 of equal keys), so iteration hands back that tracker (`key_var`) and rebuilding a dict
-reconstructs it (`key_out`).
+reconstructs it (`key_out`). Also owns how a dict from the frame with such keys (and any
+defaultdict from the frame) is built and guarded: by position (`build_object_keyed_dict`).
 Does not own constant keys' hashing or object keys reached from the frame by identity
 (`dicts.dict_key`, `user_objects.identity_dict_key`), or the dict trackers (dicts.py).
 """
@@ -125,6 +126,37 @@ def _generated_eq_hash(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | N
 def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
     return (a.co_code, a.co_names, a.co_consts, a.co_varnames) == \
         (b.co_code, b.co_names, b.co_consts, b.co_varnames)
+
+
+def build_object_keyed_dict(tx, value: dict, source, existing: dict) -> VariableTracker:
+    """A dict from the frame with keys that are not constants (tensors, parameters), or any
+    defaultdict from the frame: its type and length guarded, then each key reached by position
+    (`list(d)[i]`) and built like any input (a tensor key is a graph input; its identity
+    relations to other inputs are pinned by the aliasing guard), each value reached by position
+    too (`list(d.values())[i]`: no guard or entry holds a key object, and a defaultdict's
+    `d[k]`, which would run `__missing__` for a key that has gone, is never read by a guard).
+    Exact dicts and defaultdicts only (the positional reads walk dict storage); a defaultdict's
+    factory is read through `default_factory` when used."""
+    import collections
+    from ferrodyn.guard_spec import GuardKind
+    from ferrodyn.source import AttrSource, DictValueSource, SetItemSource
+    from ferrodyn.variables.base import LazyVariable
+    from ferrodyn.variables.builder import build
+    from ferrodyn.variables.dicts import DictState, DictVariable, dict_key
+    t = type(value)
+    if t not in (dict, collections.defaultdict):
+        unsupported(f"a {t.__name__} with tensor or object keys at {source.name()}",
+                    BreakReason.UNSUPPORTED_TYPE)
+    if t is collections.defaultdict:
+        existing = dict(existing, default_factory=LazyVariable(
+            source=AttrSource(source, "default_factory"), value=value.default_factory))
+    tx.output.install_guard(source, GuardKind.TYPE_MATCH, t)
+    tx.output.install_guard(source, GuardKind.LENGTH, len(value))
+    items = {}
+    for i, (k, v) in enumerate(value.items()):
+        key = dict_key(tx, build(tx, k, SetItemSource(source, i)))
+        items[key] = LazyVariable(source=DictValueSource(source, i), value=v)
+    return DictVariable(source=source, state=DictState(items, **existing))
 
 
 def key_var(key: Any) -> VariableTracker | None:

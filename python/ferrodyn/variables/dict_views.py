@@ -7,11 +7,12 @@ Owns:
   and keeps what the other contains). The model repeats exactly those operations on a real set
   of model keys (set_model.py), so membership, size and, where the keys are stable, iteration
   order are eager's; the result is a set tracker (sets.py).
-- `MappingProxyVariable`: `types.MappingProxyType(d)` and `view.mapping` for a dict tracker: a
-  read-only live view of the same state (a mutation of the dict is seen through it, as in
-  CPython), rebuilt as `mappingproxy(<the dict>)`.
-Does not own dict trackers or their views' iteration (dicts.py), or mappingproxies read from the
-frame (builder.py).
+- `MappingProxyVariable`: `types.MappingProxyType(d)` and `view.mapping` for a dict tracker, or a
+  mappingproxy from the frame whose dict the trace already tracks (builder.py, the proxy pinned
+  by identity): a read-only live view of the same state (a mutation of the dict is seen through
+  it, as in CPython), rebuilt as `mappingproxy(<the dict>)`.
+Does not own dict trackers or their views' iteration (dicts.py), or other mappingproxies read
+from the frame (snapshots, builder.py).
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ class MappingProxyVariable(VariableTracker):
         return self.dict_var.call_method(tx, name, args, kwargs)
 
     def reconstruct(self, tx):  # one proxy object per entry call, however often reached
+        if self.source is not None:  # a proxy from the frame
+            from ferrodyn.trace_result import OutSource
+            return OutSource(self.source)
         return tx.output.side_effects.shared(self, lambda: OutCall(
             types.MappingProxyType, (self.dict_var.reconstruct(tx),)))
 

@@ -4,9 +4,10 @@ Owns `DictVariable` (items in a shared `DictState`, one per dict object, so alia
 mutations; dicts from the frame are EXISTING: mutations are recorded in the SideEffects table
 and replayed as `clear(); update(new)`), `DictViewVariable` (`keys()`, `values()`, `items()`:
 live views over the same state, as CPython's are), dict iterators (live; a key-set change
-during iteration is refused, as CPython raises), and the dict method table. A defaultdict made
-in the frame keeps its `default_factory` tracker: a missing `d[k]` calls it and inserts the
-result (CPython's `__missing__`); without a factory it raises KeyError. Keys are Python
+during iteration is refused, as CPython raises), and the dict method table. A defaultdict
+(made in the frame, or from it: dict_keys.build_object_keyed_dict) keeps its `default_factory`
+tracker: a missing `d[k]` calls it and inserts the result (CPython's `__missing__`); without a
+factory it raises KeyError. Keys are Python
 constants, objects keyed by identity, or the tracked keys of dict_keys.py (tensors, new
 objects, frozen dataclass instances).
 Does not own `**kwargs` binding (functions.py), module `_modules` dicts' guards (builder.py),
@@ -169,6 +170,7 @@ class DictVariable(VariableTracker):
         key = dict_key(tx, index)
         if key not in self.state.items:
             factory = self.state.default_factory
+            factory = tx.realize(factory) if factory is not None else None
             if self.state.cls is defaultdict and not _is_none(factory):
                 # defaultdict.__missing__: `d[key] = factory()`, returned
                 value = tx.realize(factory).call_function(tx, [], {})
