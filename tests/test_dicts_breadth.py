@@ -390,3 +390,60 @@ def test_mappingproxy_is_read_only():
             return x + 1
         return x
     run_all(fn, torch.randn(3))
+
+
+# ---- lazy key guarding: one key's lookup guards that key, not the whole key set -----------
+
+CFG = {"a": 2, "b": 3, "c": 5}
+
+
+def read_cfg(x):
+    y = x * CFG["a"] + CFG.get("b", 0)
+    return y if "zz" not in CFG else y + 1
+
+
+def test_lookup_guards_only_its_key():
+    backend = CountingBackend()
+    compiled = ferrodyn.compile(read_cfg, backend=backend)
+    x = torch.randn(3)
+    snapshot = dict(CFG)
+    try:
+        steps = [lambda: None,
+                 lambda: (CFG.pop("c"), CFG.__setitem__("d", 10)),  # keys not read: no recompile
+                 lambda: CFG.__setitem__("a", 7),                  # a read value: recompile
+                 lambda: CFG.__setitem__("zz", 1),                 # an absent key appears
+                 lambda: CFG.pop("b")]                             # a read key goes
+        counts = []
+        for change in steps:
+            change()
+            assert torch.equal(compiled(x), read_cfg(x))
+            counts.append(backend.count)
+        assert counts == [1, 1, 2, 3, 4], counts
+    finally:
+        CFG.clear()
+        CFG.update(snapshot)
+
+
+def iterate_cfg(x, d):
+    for k in d:
+        x = x + d[k]
+    return x
+
+
+def test_iteration_guards_the_key_set():
+    backend = CountingBackend()
+    compiled = ferrodyn.compile(iterate_cfg, backend=backend)
+    x = torch.randn(3)
+    for d in ({"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"b": 2, "a": 1}):
+        assert torch.equal(compiled(x, d), iterate_cfg(x, d))
+    assert backend.count == 3
+
+
+def keys_compared_with_sets(x, d):
+    same = d.keys() == {"w", "b"}
+    other = {"w"} == d.keys()
+    return x + 1 if same and not other else x - 1
+
+
+def test_keys_view_equals_set():
+    one_graph_like_torch(keys_compared_with_sets, torch.randn(3), {"w": 1, "b": 2})

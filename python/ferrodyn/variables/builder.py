@@ -164,10 +164,11 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
             return build_object_keyed_dict(tx, value, source,
                                            _existing(tx, source, cls=t, obj=value))
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        _guard(tx, source, GuardKind.DICT_KEYS, keys)
         items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
-        return DictVariable(source=source, state=DictState(items, **_existing(tx, source, cls=t,
-                                                                              obj=value)))
+        # the key set is guarded when the trace reads it (one key's lookup guards that key)
+        keys_guard = functools.partial(_guard, tx, source, GuardKind.DICT_KEYS, keys)
+        return DictVariable(source=source, state=DictState(items, **_existing(
+            tx, source, cls=t, obj=value, keys_guard=keys_guard)))
     if isinstance(value, torch.nn.Module):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NNModuleVariable(source=source, value=value)

@@ -6,9 +6,12 @@ Owns `DictObjectVariable` (a new object with two parts, as in CPython: its attri
 new object, and its dict items, a `DictVariable`), `DictPartMethod` (a method of the builtin
 dict base reached through the instance: `self.keys()`, `super().__setitem__(k, v)`, the
 `__len__`/`__iter__`/`__contains__` slots), how such an object is returned from the frame
-(rebuilt with the base type's `__new__` and `__setitem__`, past the overrides), and
-`dataclasses.fields`. Does not own attribute lookup (user_objects.py) or dict methods
-(dicts.py).
+(rebuilt with the base type's `__new__` and `__setitem__`, past the overrides), the items of
+dict subclass instances from the frame (one mutable tracker per object, replayed through the
+base's methods), `dataclasses.fields`, and the builtin handlers of the dict family's
+constructors (`defaultdict(...)`, `dict/OrderedDict/defaultdict.fromkeys`, and
+`types.MappingProxyType` from dict_views.py). Does not own attribute lookup (user_objects.py)
+or dict methods (dicts.py).
 """
 
 from __future__ import annotations

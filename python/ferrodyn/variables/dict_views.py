@@ -1,7 +1,8 @@
 """Set operations on dict views, and mappingproxies over dicts made or changed in the frame.
 
 Owns:
-- `view_binary`: `d1.keys() | d2.keys()` and `&`, `-`, `^` with a keys view on either side.
+- `view_binary`: `d1.keys() | d2.keys()` and `&`, `-`, `^` with a keys view on either side
+  (and `keys_equal_set`: `d.keys() == {...}`).
   CPython makes the result set from the view's dict (`set(dict)`, a presized table), then
   applies the in-place set operation with the other operand (`&` iterates the smaller operand
   and keeps what the other contains). The model repeats exactly those operations on a real set
@@ -80,6 +81,22 @@ def view_binary(tx, fn, a: VariableTracker, b: VariableTracker) -> VariableTrack
     note_identity(tx, keys)
     stable = not any(isinstance(k, IdKey) for k in keys)
     return SetVariable.adopt(result, order_known=stable)
+
+
+def keys_equal_set(tx, a, b) -> bool | None:
+    """`keys_view == s` (either side) for a set or frozenset `s`: equal as sets of keys (None:
+    not such a comparison)."""
+    from ferrodyn.variables.set_model import note_identity
+    from ferrodyn.variables.sets import _set_operand
+    view, other = (a, b) if isinstance(a, DictViewVariable) else (b, a)
+    if not isinstance(view, DictViewVariable) or view.kind != "keys":
+        return None
+    keys = _set_operand(tx, other)
+    if keys is None:
+        return None
+    mine = _view_keys(tx, view)
+    note_identity(tx, [*mine, *keys])
+    return set(mine) == set(keys)
 
 
 def _intersect(left: list, other, other_is_view: bool) -> set:

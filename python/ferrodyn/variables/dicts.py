@@ -78,10 +78,18 @@ def raise_key_error(cls: type, key: Any):
                                             args=(key_var(key) or ConstantVariable(value=key),)))
 
 
+_ABSENT_KEY = object()
+
+
 @dataclass(eq=False)
 class DictState:
-    """The contents of one dict object (one per object: see SideEffects' identity table)."""
-    items: dict
+    """The contents of one dict object (one per object: see SideEffects' identity table).
+
+    A dict from the frame guards its key set lazily (`keys_guard`, installed by the first read
+    of `items` as a whole: length, iteration, views, copies, mutations...); looking up one key
+    (`lookup`) guards only that key's presence (the value's accessor fails when the key has
+    gone) or, for an absent str key of an exact dict, its absence, as torch.compile does."""
+    _items: dict
     mutation_type: MutationType = MutationType.NEW
     cls: type = dict
     side_effects: Any = None   # the table that records mutations of an EXISTING dict
@@ -93,6 +101,33 @@ class DictState:
     default_factory: Any = None  # a defaultdict's factory tracker (ConstantVariable(None): none)
     replay_base: Any = None    # the items of a dict subclass instance: replayed with this
                                # builtin base's methods (past the subclass's overrides)
+    keys_guard: Any = None     # () -> None: installs the key-set guard (pending until read)
+
+    @property
+    def items(self) -> dict:
+        """The items as a whole: the trace now depends on the key set (guarded)."""
+        if self.keys_guard is not None:
+            install, self.keys_guard = self.keys_guard, None
+            install()
+        return self._items
+
+    def lookup(self, tx, key) -> Any:
+        """The value tracker of `key`, or _ABSENT_KEY, depending only on that key: its presence
+        (or absence) is guarded instead of the whole key set where that is expressible."""
+        if self.keys_guard is None:
+            return self.items.get(key, _ABSENT_KEY)
+        from ferrodyn.guard_spec import GuardKind
+        from ferrodyn.source import ItemSource
+        from ferrodyn.variables.base import LazyVariable
+        value = self._items.get(key, _ABSENT_KEY)
+        if isinstance(value, LazyVariable) and value.source == ItemSource(self.source, key):
+            # present: the item's accessor fails, so the guard fails, once the key has gone
+            tx.output.install_guard(value.source, GuardKind.TYPE_MATCH, type(value.value))
+            return value
+        if value is _ABSENT_KEY and self.cls is dict and type(key) is str:
+            tx.output.install_guard(self.source, GuardKind.DICT_LACKS, key)
+            return value
+        return self.items.get(key, _ABSENT_KEY)  # anything else: the whole key set
 
     def on_mutate(self, structural: bool = True) -> None:
         if structural:
@@ -142,7 +177,7 @@ class DictVariable(VariableTracker):
         return self.state
 
     def describe(self):
-        return f"dict of {len(self.state.items)}"
+        return f"dict of {len(self.state._items)}"  # (no guard for a message)
 
     def mutable(self, structural: bool = True) -> dict:
         if self.state.read_only:
@@ -164,10 +199,13 @@ class DictVariable(VariableTracker):
         return bool(self.state.items)
 
     def contains(self, tx, item):
-        return dict_key(tx, item) in self.state.items
+        return self.state.lookup(tx, dict_key(tx, item)) is not _ABSENT_KEY
 
     def getitem(self, tx, index):
         key = dict_key(tx, index)
+        value = self.state.lookup(tx, key)
+        if value is not _ABSENT_KEY:
+            return value
         if key not in self.state.items:
             factory = self.state.default_factory
             factory = tx.realize(factory) if factory is not None else None
@@ -375,6 +413,10 @@ def dict_view_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
             return x is y  # dict_values has no __eq__: identity
     if all(isinstance(v, DictViewVariable) and v.kind == "keys" for v in (a, b)):
         return set(a.dict_var.state.items) == set(b.dict_var.state.items)
+    from ferrodyn.variables.dict_views import keys_equal_set
+    as_set = keys_equal_set(tx, a, b)  # `d.keys() == {"a", "b"}`: a set comparison
+    if as_set is not None:
+        return as_set
     unsupported(f"== between {a.describe()} and {b.describe()}", BreakReason.UNSUPPORTED_TYPE)
 
 
@@ -391,9 +433,9 @@ _keys, _values, _items = _view("keys"), _view("values"), _view("items")
 
 
 def _get(tx, d, key, default=None):
-    k = dict_key(tx, key)
-    if k in d.state.items:
-        return d.state.items[k]
+    value = d.state.lookup(tx, dict_key(tx, key))
+    if value is not _ABSENT_KEY:
+        return value
     return default if default is not None else ConstantVariable(value=None)
 
 

@@ -200,6 +200,11 @@ def compare_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Vari
     rich = rich_compare(tx, fn, a, b)
     if rich is not None:
         return rich
+    from ferrodyn.variables.dicts import DictViewVariable
+    if fn in (operator.eq, operator.ne) and (isinstance(a, DictViewVariable) or
+                                             isinstance(b, DictViewVariable)):
+        eq = values_equal(tx, a, b)  # a keys view compares with a set as a set
+        return ConstantVariable(value=eq if fn is operator.eq else not eq)
     from ferrodyn.variables.sets import SetVariable, set_compare
     if isinstance(a, SetVariable) or isinstance(b, SetVariable):
         res = set_compare(tx, fn, a, b)
