@@ -243,8 +243,11 @@ class GuardBuilder:
     def len_of(self, parent: GuardNode) -> GuardNode:
         """`len(parent)` as an int node."""
     def set_item(self, parent: GuardNode, index: int) -> GuardNode:
-        """The `index`-th element of an exact set or frozenset in iteration order
-        (`list(parent)[index]`); another type or a shorter set fails the guard."""
+        """The `index`-th element of an exact set or frozenset, or key of an exact dict, in
+        iteration order (`list(parent)[index]`); another type or a shorter one fails the guard."""
+    def dict_value(self, parent: GuardNode, index: int) -> GuardNode:
+        """The `index`-th value of an exact dict in insertion order
+        (`list(parent.values())[index]`); another type or a shorter dict fails the guard."""
     def tensor_size(self, parent: GuardNode, dim: int) -> GuardNode:
         """`parent.size()[dim]` as an int node (read directly for plain tensors)."""
     def tensor_stride(self, parent: GuardNode, dim: int) -> GuardNode:

@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 from ferrodyn import _C
 from ferrodyn.bytecode import CodeBuilder, ExnHandler, Inst, Positions, assemble
 from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSource,
-                             GlobalSource, ItemSource, LenSource, LocalSource, SetItemSource,
-                             Source, TypeSource)
+                             DictValueSource, GlobalSource, ItemSource, LenSource, LocalSource,
+                             SetItemSource, Source, TypeSource)
 from ferrodyn.symbolic_shapes import TensorPropertySource
 from ferrodyn.variables.numpy_graph import NumpyTensorSource, ndarray_as_tensor
 from ferrodyn.trace_result import (Out, OutCall, OutCell, OutConst, OutDict, OutGraph, OutList,
@@ -268,6 +268,21 @@ def _load_set_item(e: EntryEmitter, s: SetItemSource) -> None:
     e.call(2)
 
 
+def dict_value(d: dict, index: int) -> Any:
+    """The `index`-th value of a dict in insertion order (DictValueSource)."""
+    for i, v in enumerate(d.values()):
+        if i == index:
+            return v
+    raise IndexError(index)
+
+
+def _load_dict_value(e: EntryEmitter, s: DictValueSource) -> None:
+    e.load_callable(dict_value)
+    e.load_source(s.base)
+    e.load_value(s.index)
+    e.call(2)
+
+
 def tensor_property(t: Any, prop: str, idx: int) -> Any:
     """`t.size(idx)` / `t.stride(idx)`: a symbolic dim handed to the graph as an input."""
     return getattr(t, prop)(idx)
@@ -292,6 +307,7 @@ SOURCE_LOADERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     TypeSource: _call_on_base(type),
     LenSource: _call_on_base(len),
     SetItemSource: _load_set_item,
+    DictValueSource: _load_dict_value,
     TensorPropertySource: _load_tensor_property,
     NumpyTensorSource: _call_on_base(ndarray_as_tensor),
 }

@@ -16,6 +16,7 @@ from ferrodyn.source import (
     BuiltinSource,
     ClosureSource,
     DictOfSource,
+    DictValueSource,
     GlobalSource,
     ItemSource,
     LenSource,
@@ -42,6 +43,7 @@ _ACCESSORS: dict[type, Callable[[Any, Any, Callable[[Source], Any]], Any]] = {
     TypeSource: lambda b, s, node: b.type_of(node(s.base)),
     LenSource: lambda b, s, node: b.len_of(node(s.base)),
     SetItemSource: lambda b, s, node: b.set_item(node(s.base), s.index),
+    DictValueSource: lambda b, s, node: b.dict_value(node(s.base), s.index),
 }
 
 # GuardKind -> how to add its leaf: (builder, node, spec) -> None

@@ -112,6 +112,7 @@ class SideEffects:
         self._building: set[Any] = set()
         self._deferred_fills: dict[int, list[Out]] = {}  # id(key being built) -> cells to fill
         self._class_attrs: dict[tuple[int, str], tuple[type, Any]] = {}  # pending class attrs
+        self.dict_parts: dict[int, tuple[Any, Any]] = {}  # dict subclass object -> its items' tracker
         self.identity_sensitive = False  # set by mutations of objects and `is` on inputs
         self.tensor_sensitive = False    # set when the graph writes to an input in place
         # run before every replay (end of trace, graph break): raise Unsupported when a state

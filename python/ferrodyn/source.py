@@ -141,3 +141,13 @@ class SetItemSource(_Chained):
 
     def name(self) -> str:
         return f"list({self.base.name()})[{self.index}]"
+
+
+@source_class
+class DictValueSource(_Chained):
+    """The `index`-th value of a dict in insertion order (`list(base.values())[index]`): how the
+    value of a key reached by position (a tensor key) is read."""
+    index: int
+
+    def name(self) -> str:
+        return f"list({self.base.name()}.values())[{self.index}]"

@@ -29,8 +29,12 @@ pub(crate) enum Access {
     DictOf,
     TypeOf,
     LenOf,
-    /// The `index`-th element of an exact set or frozenset in iteration order.
+    /// The `index`-th element of an exact set or frozenset (or key of an exact dict or
+    /// defaultdict) in iteration order.
     SetItem(usize),
+    /// The `index`-th value of an exact dict or defaultdict in insertion order (the value of
+    /// a key that is reached by position: a tensor key, or any key of a defaultdict).
+    DictValue(usize),
     TensorSize(i64),
     TensorStride(i64),
 }
@@ -93,6 +97,7 @@ pub(crate) enum AccessKey {
     TypeOf,
     LenOf,
     SetItem(usize),
+    DictValue(usize),
     TensorSize(i64),
     TensorStride(i64),
 }
@@ -111,10 +116,37 @@ impl AccessKey {
             AccessKey::TypeOf => format!("type({parent})"),
             AccessKey::LenOf => format!("len({parent})"),
             AccessKey::SetItem(i) => format!("list({parent})[{i}]"),
+            AccessKey::DictValue(i) => format!("list({parent}.values())[{i}]"),
             AccessKey::TensorSize(d) => format!("{parent}.size()[{d}]"),
             AccessKey::TensorStride(d) => format!("{parent}.stride()[{d}]"),
         }
     }
+}
+
+static DEFAULTDICT: pyo3::sync::PyOnceLock<Option<Py<pyo3::types::PyType>>> =
+    pyo3::sync::PyOnceLock::new();
+
+/// `parent` as a dict whose storage order is its iteration order and whose storage can be read
+/// without running Python code: an exact dict or an exact `collections.defaultdict` (its
+/// `d[k]` would run `__missing__`; reading by position never does). None for anything else
+/// (an OrderedDict keeps its own order apart from the storage's).
+fn positional_dict<'a, 'py>(parent: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyDict>> {
+    if let Ok(d) = parent.cast_exact::<PyDict>() {
+        return Some(d);
+    }
+    let py = parent.py();
+    let dd = DEFAULTDICT.get_or_init(py, || {
+        py.import("collections")
+            .and_then(|m| m.getattr("defaultdict"))
+            .and_then(|t| t.cast_into::<pyo3::types::PyType>().map_err(Into::into))
+            .map(|t| t.unbind())
+            .ok()
+    });
+    let dd = dd.as_ref()?;
+    if parent.get_type().as_ptr() != dd.as_ptr() {
+        return None;
+    }
+    parent.cast::<PyDict>().ok()
 }
 
 /// Python-style single-quoted string literal (for names, which are identifiers in practice).
@@ -205,9 +237,14 @@ impl Access {
                 if let Ok(s) = parent.cast_exact::<PySet>() {
                     return s.iter().nth(*i);
                 }
+                if let Some(d) = positional_dict(parent) {
+                    // the `i`-th key, in insertion order (no Python code runs)
+                    return d.iter().nth(*i).map(|(k, _)| k);
+                }
                 let s = parent.cast_exact::<PyFrozenSet>().ok()?;
                 s.iter().nth(*i)
             }
+            Access::DictValue(i) => positional_dict(parent)?.iter().nth(*i).map(|(_, v)| v),
             Access::TensorSize(d) => {
                 let v = crate::tensor::size_or_stride(parent, *d, false)?;
                 Some(PyInt::new(py, v).into_any())
@@ -249,6 +286,10 @@ mod tests {
         assert_eq!(AccessKey::TypeOf.source(&l, ""), "type(L['x'])");
         assert_eq!(AccessKey::LenOf.source(&l, ""), "len(L['x'])");
         assert_eq!(AccessKey::SetItem(2).source(&l, ""), "list(L['x'])[2]");
+        assert_eq!(
+            AccessKey::DictValue(1).source(&l, ""),
+            "list(L['x'].values())[1]"
+        );
         assert_eq!(AccessKey::DictOf.source(&l, ""), "L['x'].__dict__");
         assert_eq!(AccessKey::Closure(1).source("", &quote("c")), "C['c']");
     }

@@ -221,14 +221,25 @@ impl GuardBuilder {
         self.node(Some(&parent), AccessKey::LenOf, "", Access::LenOf)
     }
 
-    /// The `index`-th element of a set or frozenset in iteration order (a failed access,
-    /// another type or a shorter set, fails every leaf below).
+    /// The `index`-th element of a set or frozenset, or key of an exact dict, in iteration
+    /// order (a failed access, another type or a shorter set, fails every leaf below).
     fn set_item(&mut self, parent: PyRef<'_, GuardNode>, index: usize) -> Result<GuardNode> {
         self.node(
             Some(&parent),
             AccessKey::SetItem(index),
             "",
             Access::SetItem(index),
+        )
+    }
+
+    /// The `index`-th value of an exact dict in insertion order (another type or a shorter
+    /// dict fails every leaf below).
+    fn dict_value(&mut self, parent: PyRef<'_, GuardNode>, index: usize) -> Result<GuardNode> {
+        self.node(
+            Some(&parent),
+            AccessKey::DictValue(index),
+            "",
+            Access::DictValue(index),
         )
     }
 

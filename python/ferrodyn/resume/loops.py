@@ -224,9 +224,9 @@ def _reversed(tx, r, lists):
 
 
 def _dict(tx, r, lists):
-    from collections import OrderedDict
+    from collections import OrderedDict, defaultdict
     d, (kind, pos, reverse) = r.args[0], r.consts
-    if d.state.cls not in (dict, OrderedDict):
+    if d.state.cls not in (dict, OrderedDict, defaultdict):
         raise _Refused(f"an iterator over a {d.state.cls.__name__} (a dict subclass)")
     _check_unmutated(d.state, "dict")
     if not tx:

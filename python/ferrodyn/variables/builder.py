@@ -74,7 +74,7 @@ def build(tx, value: Any, source: Source | None) -> VariableTracker:
     return var
 
 
-_IDENTITY_KEYED = (list, dict, set, collections.OrderedDict)
+_IDENTITY_KEYED = (list, dict, set, collections.OrderedDict, collections.defaultdict)
 
 
 def _is_identity_keyed(value: Any) -> bool:
@@ -177,19 +177,24 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if is_namedtuple_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NamedTupleVariable.make(t, _lazy_items(value, source), source=source)
+    if t is collections.defaultdict:  # read by position: a guard's `d[k]` could run __missing__
+        from ferrodyn.variables.dict_keys import build_object_keyed_dict
+        return build_object_keyed_dict(tx, value, source, _existing(tx, source, cls=t, obj=value))
     if t in (dict, collections.OrderedDict):
         if tx.output.side_effects.is_written_instance_dict(value):
             unsupported(f"{source.name()}: the __dict__ of an object whose attributes were "
                         f"assigned in this frame", BreakReason.SIDE_EFFECT)
         keys = tuple(value)
         if not all(is_constant_value(k) or is_identity_hashed(k) for k in keys):
-            unsupported(f"dict with non-constant keys at {source.name()}",
-                        BreakReason.UNSUPPORTED_TYPE)
+            from ferrodyn.variables.dict_keys import build_object_keyed_dict  # tensor keys
+            return build_object_keyed_dict(tx, value, source,
+                                           _existing(tx, source, cls=t, obj=value))
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        _guard(tx, source, GuardKind.DICT_KEYS, keys)
         items = {k: LazyVariable(source=ItemSource(source, k), value=v) for k, v in value.items()}
-        return DictVariable(source=source, state=DictState(items, **_existing(tx, source, cls=t,
-                                                                              obj=value)))
+        # the key set is guarded when the trace reads it (one key's lookup guards that key)
+        keys_guard = functools.partial(_guard, tx, source, GuardKind.DICT_KEYS, keys)
+        return DictVariable(source=source, state=DictState(items, **_existing(
+            tx, source, cls=t, obj=value, keys_guard=keys_guard)))
     if isinstance(value, torch.nn.Module):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
         return NNModuleVariable(source=source, value=value)
@@ -279,6 +284,11 @@ def _build_mappingproxy(tx, value, source):
         return None
     target = gc.get_referents(value)  # a mappingproxy refers to exactly its mapping
     side_effects = tx.output.side_effects
+    if len(target) == 1 and isinstance(side_effects.tracked(target[0], None), DictVariable):
+        # its dict is already a tracker (reached through another Source): a live view of it
+        from ferrodyn.variables.dict_views import MappingProxyVariable
+        _guard(tx, source, GuardKind.ID_MATCH, value)  # the proxy object pins its mapping
+        return MappingProxyVariable(source=source, dict_var=side_effects.tracked(target[0], None))
 
     def check_not_mutated():
         if len(target) != 1 or side_effects.mutated_mapping(target[0]):

@@ -219,18 +219,16 @@ def _list(tx, iterable=None):
     return ListVariable.new(_items(tx, iterable) if iterable is not None else [])
 
 
-def _ordered_dict(tx, arg=None, **kwargs):
-    d = _dict(tx, arg, **kwargs)
+def _ordered_dict(tx, /, *args, **kwargs):
+    d = _dict(tx, *args, **kwargs)
     d.state.cls = collections.OrderedDict
     return d
 
 
-def _dict(tx, arg=None, **kwargs):
+def _dict(tx, /, *args, **kwargs):  # positional-only: `dict(arg=1)`, `dict(tx=1)` are keys
+    from ferrodyn.variables.dicts import _update
     d = DictVariable.new({})
-    if arg is not None:
-        from ferrodyn.variables.dicts import _update
-        _update(tx, d, arg)
-    d.state.items.update(kwargs)
+    _update(tx, d, *args, **kwargs)
     return d
 
 

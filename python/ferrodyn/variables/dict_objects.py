@@ -6,9 +6,12 @@ Owns `DictObjectVariable` (a new object with two parts, as in CPython: its attri
 new object, and its dict items, a `DictVariable`), `DictPartMethod` (a method of the builtin
 dict base reached through the instance: `self.keys()`, `super().__setitem__(k, v)`, the
 `__len__`/`__iter__`/`__contains__` slots), how such an object is returned from the frame
-(rebuilt with the base type's `__new__` and `__setitem__`, past the overrides), and
-`dataclasses.fields`. Does not own attribute lookup (user_objects.py) or dict methods
-(dicts.py).
+(rebuilt with the base type's `__new__` and `__setitem__`, past the overrides), the items of
+dict subclass instances from the frame (one mutable tracker per object, replayed through the
+base's methods), `dataclasses.fields`, and the builtin handlers of the dict family's
+constructors (`defaultdict(...)`, `dict/OrderedDict/defaultdict.fromkeys`, and
+`types.MappingProxyType` from dict_views.py). Does not own attribute lookup (user_objects.py)
+or dict methods (dicts.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ferrodyn.trace_result import OutCall, OutConst, OutTuple
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.dicts import DictVariable
-from ferrodyn.variables.user_objects import NewObjectVariable, ObjState, lookup_class_attr
+from ferrodyn.variables.user_objects import _ABSENT, NewObjectVariable, ObjState, lookup_class_attr
 
 # builtin bases whose instances keep their items in the dict part
 DICT_BASES = (collections.OrderedDict, dict)
@@ -132,8 +135,11 @@ _VIEW_READERS = ("__getitem__", "keys", "__iter__", "__len__")
 
 
 def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
-    """The items of a dict subclass instance from the frame, read-only (mutations give up),
-    keys guarded; None when not viewable."""
+    """The items of a dict subclass instance from the frame (one state per object, so every
+    method sees earlier mutations), keys guarded; mutations are replayed through the builtin
+    base's own `clear`/`__setitem__`, past the subclass's overrides (their effects were traced).
+    None when not viewable: a class overriding how the guards read items, or with `__missing__`
+    (a guard reading a key that has gone would run it)."""
     from ferrodyn.guard_spec import GuardKind
     from ferrodyn.source import ItemSource
     from ferrodyn.variables.base import LazyVariable
@@ -142,8 +148,13 @@ def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
     value = getattr(obj, "value", None)
     if obj.source is None or not isinstance(value, dict):
         return None
+    side_effects = tx.output.side_effects
+    hit = side_effects.dict_parts.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
     cls, base = type(value), next(b for b in DICT_BASES if isinstance(value, b))
-    if any(lookup_class_attr(cls, m) is not lookup_class_attr(base, m) for m in _VIEW_READERS):
+    if any(lookup_class_attr(cls, m) is not lookup_class_attr(base, m) for m in _VIEW_READERS) \
+            or lookup_class_attr(cls, "__missing__") is not _ABSENT:
         return None
     keys = tuple(base.keys(value))
     if not all(is_constant_value(k) for k in keys):
@@ -151,7 +162,11 @@ def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
     tx.output.install_guard(obj.source, GuardKind.DICT_KEYS, keys)
     items = {k: LazyVariable(source=ItemSource(obj.source, k), value=base.__getitem__(value, k))
              for k in keys}
-    return DictVariable(state=DictState(items, MutationType.EXISTING, cls=base, read_only=True))
+    part = DictVariable(state=DictState(items, MutationType.EXISTING, cls=base,
+                                        side_effects=side_effects, source=obj.source, obj=value,
+                                        replay_base=base))
+    side_effects.dict_parts[id(value)] = (value, part)
+    return part
 
 
 # ---- dataclasses.fields ---------------------------------------------------------------------
@@ -214,4 +229,39 @@ def _is_dataclass(tx, obj) -> VariableTracker:
     return ConstantVariable(value=dataclasses.is_dataclass(v.python_type()))
 
 
-HANDLERS = {dataclasses.fields: dataclass_fields, dataclasses.is_dataclass: _is_dataclass}
+# ---- defaultdict and fromkeys ----------------------------------------------------------------
+
+def construct_defaultdict(tx, /, *args, **kwargs) -> VariableTracker:
+    """`defaultdict(factory=None, *args, **kwargs)`: the factory must be callable or None (else
+    TypeError, refused), the rest fills the items as `dict.update` does."""
+    from ferrodyn.variables.builtins import BUILTIN_HANDLERS
+    from ferrodyn.variables.dicts import _is_none, _update
+    factory = tx.realize(args[0]) if args else ConstantVariable(value=None)
+    if not _is_none(factory) and not BUILTIN_HANDLERS[callable](tx, factory).value:
+        unsupported("TypeError: first argument must be callable or None", BreakReason.EXCEPTION)
+    d = DictVariable.new({}, collections.defaultdict, factory)
+    _update(tx, d, *args[1:], **kwargs)
+    return d
+
+
+def _fromkeys(cls: type):
+    """`cls.fromkeys(iterable, value=None)`: `cls()` (a defaultdict without a factory), then
+    every key of `iterable`, in its order, set to the one `value` object."""
+    def handler(tx, iterable, value=None):
+        from ferrodyn.variables.dicts import dict_key
+        from ferrodyn.variables.lists import each_item
+        value = value if value is not None else ConstantVariable(value=None)
+        d = DictVariable.new({}, cls)
+        for k in each_item(tx, iterable):
+            d.mutable()[dict_key(tx, k)] = value
+        return d
+    return handler
+
+
+from ferrodyn.variables import dict_views  # noqa: E402  (its handlers join this table)
+
+HANDLERS = {dataclasses.fields: dataclass_fields, dataclasses.is_dataclass: _is_dataclass,
+            **dict_views.HANDLERS,
+            collections.defaultdict: construct_defaultdict,
+            **{cls.fromkeys: _fromkeys(cls) for cls in (dict, collections.OrderedDict,
+                                                        collections.defaultdict)}}

@@ -313,7 +313,10 @@ class UserFunctionVariable(InlinableFunction):
 
     def own_dict_keys(self, tx):
         if self.source is not None:  # reading the function's __dict__ guards its keys
-            tx.realize(self.var_getattr(tx, "__dict__"))
+            d = tx.realize(self.var_getattr(tx, "__dict__"))
+            state = getattr(d, "state", None)
+            if state is not None:
+                state.items  # noqa: B018  (a dict guards its key set when its items are read)
         return tuple(self.fn.__dict__)
 
     def reconstruct(self, tx):

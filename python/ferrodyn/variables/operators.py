@@ -54,7 +54,8 @@ _DUNDERS = {
 }
 # Kinds of tracker whose Python type has in-place methods (`list.__iadd__`, `set.__ior__`,
 # `dict.__ior__`, tensors' `__iadd__`...); for every other builtin value `a op= b` is `a op b`.
-_INPLACE_TYPES = (list, dict, set, __import__("collections").OrderedDict)
+_INPLACE_TYPES = (list, dict, set, __import__("collections").OrderedDict,
+                  __import__("collections").defaultdict)
 
 
 def _is_tensor(v) -> bool:
@@ -117,6 +118,12 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
                 args = None
             if args is not None:
                 return wrap_constant(fold(fn, a.value, args))
+    from ferrodyn.variables.dicts import DictViewVariable
+    if isinstance(a, DictViewVariable) or isinstance(b, DictViewVariable):
+        from ferrodyn.variables.dict_views import view_binary
+        res = view_binary(tx, fn, a, b)  # `d1.keys() | d2.keys()`: a set
+        if res is not None:
+            return res
     from ferrodyn.variables.sets import SetVariable, set_binary
     if isinstance(a, SetVariable) or isinstance(b, SetVariable):
         res = set_binary(tx, fn, a, b)
@@ -148,13 +155,10 @@ def binary_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Varia
     if isinstance(b, (ListVariable, TupleVariable)) and base is operator.mul and \
             a.is_python_constant():
         return binary_op(tx, fn, b, a)
-    if isinstance(a, DictVariable) and isinstance(b, DictVariable) and base is operator.or_:
-        merged = dict(a.state.items)
-        merged.update(b.state.items)
-        if inplace:
-            a.mutable().update(b.state.items)
-            return a
-        return DictVariable.new(merged, a.state.cls)
+    if isinstance(a, DictVariable) and base is operator.or_ and \
+            (inplace or isinstance(b, DictVariable)):
+        from ferrodyn.variables.dicts import dict_or
+        return dict_or(tx, a, b, inplace)
     if a.is_python_constant() and b.is_python_constant():
         read = _const_immutable if fn in _INPLACE_TO_BINARY else _const  # never mutate a copy
         try:
@@ -211,6 +215,11 @@ def compare_op(tx, fn: Callable, a: VariableTracker, b: VariableTracker) -> Vari
     rich = rich_compare(tx, fn, a, b)
     if rich is not None:
         return rich
+    from ferrodyn.variables.dicts import DictViewVariable
+    if fn in (operator.eq, operator.ne) and (isinstance(a, DictViewVariable) or
+                                             isinstance(b, DictViewVariable)):
+        eq = values_equal(tx, a, b)  # a keys view compares with a set as a set
+        return ConstantVariable(value=eq if fn is operator.eq else not eq)
     from ferrodyn.variables.sets import SetVariable, set_compare
     if isinstance(a, SetVariable) or isinstance(b, SetVariable):
         res = set_compare(tx, fn, a, b)
@@ -316,6 +325,10 @@ def values_equal(tx, a: VariableTracker, b: VariableTracker) -> bool:
     from ferrodyn.variables.dicts import DictViewVariable, dict_view_equal
     if isinstance(a, DictViewVariable) or isinstance(b, DictViewVariable):
         return dict_view_equal(tx, a, b)
+    from ferrodyn.variables.dict_views import mappingproxy_equal
+    proxied = mappingproxy_equal(tx, a, b)  # a mappingproxy compares as its mapping
+    if proxied is not None:
+        return proxied
     if _is_tensor(a) or _is_tensor(b):
         unsupported("== between a tensor and a value as a Python bool", BreakReason.DATA_DEPENDENT)
     if _is_graph_value(a) or _is_graph_value(b):  # a SymInt: decided with a ShapeEnv guard

@@ -196,6 +196,12 @@ class ObjectLike(VariableTracker):
             return fb
         getattr_hook = lookup_class_attr(cls, "__getattr__")
         if getattr_hook is not _ABSENT:
+            from ferrodyn.variables.dict_objects import dict_part_method
+            part = dict_part_method(tx, self, getattr_hook, getattr(getattr_hook, "__name__", ""))
+            if part is not None:  # `__getattr__ = dict.get` (a "dotdict"): the items' method
+                if self.source is not None:
+                    self.guard_absence(tx)
+                return tx.realize(part).call_function(tx, [ConstantVariable(value=name)], {})
             if _is_module_getattr(getattr_hook) or \
                     not isinstance(getattr_hook, types.FunctionType):
                 unsupported(f"{cls.__name__}.__getattr__({name!r})", BreakReason.UNSUPPORTED_CALL)
