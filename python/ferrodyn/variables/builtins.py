@@ -12,7 +12,6 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
-import itertools
 import math
 import operator
 import sys
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
+from ferrodyn.variables import itertools_vars
 from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
@@ -341,84 +341,6 @@ def _frozenset(tx, iterable=None):
     return make_set(tx, iterable, frozen=True)
 
 
-def _lazy(step) -> IteratorVariable:
-    from ferrodyn.variables.lists import IterState
-    return IteratorVariable(state=IterState([], step=step))
-
-
-def _iter_of(tx, iterable) -> IteratorVariable:
-    it = tx.realize(iterable).iterator(tx)
-    return it if isinstance(it, IteratorVariable) else IteratorVariable.over(it.unpack(tx))
-
-
-def _chain_over(tx, outer: IteratorVariable) -> IteratorVariable:
-    """`chain`: lazy, as in CPython: each iterable is iterated (and `iter()` called on it)
-    only when the previous one is exhausted, so a generator runs as far as the consumer."""
-    current: list = [None]
-
-    def step(tx):
-        while True:
-            if current[0] is None:
-                nxt = outer.next(tx)
-                if nxt is None:
-                    return None
-                current[0] = _iter_of(tx, nxt)
-            item = current[0].next(tx)
-            if item is not None:
-                return item
-            current[0] = None
-    return _lazy(step)
-
-
-def _chain(tx, *iterables):
-    return _chain_over(tx, IteratorVariable.over(iterables))
-
-
-def _product(tx, *iterables, repeat=None):
-    seqs = [_items(tx, it) for it in iterables]
-    if repeat is not None:
-        seqs = seqs * _const_arg(tx, repeat, "product")
-    return IteratorVariable.over(TupleVariable(items=t) for t in itertools.product(*seqs))
-
-
-def _repeat(tx, obj, times=None):
-    if times is None:
-        unsupported("itertools.repeat without times", BreakReason.UNSUPPORTED_BUILTIN)
-    return IteratorVariable.over([obj] * _const_arg(tx, times, "repeat"))
-
-
-def _islice(tx, iterable, *args):
-    """`islice(it, [start,] stop[, step])`: lazy, consuming exactly what CPython's
-    islice_next consumes (nothing past `stop`)."""
-    sl = slice(*[_const_arg(tx, a, "islice") for a in args])
-    start, stop, stride = sl.start or 0, sl.stop, 1 if sl.step is None else sl.step
-    if not all(isinstance(v, int) and v >= 0 for v in (start, stride, stop or 0)) or stride < 1:
-        unsupported("ValueError: islice() arguments", BreakReason.EXCEPTION)
-    it = _iter_of(tx, iterable)
-    pos = {"cnt": 0, "next": start}
-
-    def step(tx):
-        if stop is not None and pos["next"] >= stop:
-            return None
-        while pos["cnt"] < pos["next"]:
-            if it.next(tx) is None:
-                return None
-            pos["cnt"] += 1
-        item = it.next(tx)
-        if item is None:
-            return None
-        pos["cnt"] += 1
-        pos["next"] += stride
-        if stop is not None and pos["next"] > stop:
-            pos["next"] = stop
-        return item
-    return _lazy(step)
-
-
-def _chain_from_iterable(tx, iterables):
-    return _chain_over(tx, _iter_of(tx, iterables))
-
-
 def _reduce(tx, fn, iterable, *initial):
     from ferrodyn.variables.lists import each_item
     fn = tx.realize(fn)
@@ -429,27 +351,6 @@ def _reduce(tx, fn, iterable, *initial):
         unsupported("TypeError: reduce() of empty iterable with no initial value",
                     BreakReason.EXCEPTION)
     return acc
-
-
-def _accumulate(tx, iterable, func=None, *, initial=None):
-    from ferrodyn.variables.lists import accumulate_iterator
-    fn = None if func is None else tx.realize(func)
-
-    def combine(tx, total, item):
-        if fn is None:
-            return ops.binary_op(tx, operator.add, total, item)
-        return fn.call_function(tx, [total, item], {})
-    return accumulate_iterator(tx, iterable, combine, initial)
-
-
-def _pairwise(tx, iterable):
-    from ferrodyn.variables.lists import pairwise_iterator
-    return pairwise_iterator(tx, iterable)
-
-
-def _zip_longest(tx, *iterables, fillvalue=None):
-    from ferrodyn.variables.lists import zip_longest_iterator
-    return zip_longest_iterator(tx, iterables, _c(None) if fillvalue is None else fillvalue)
 
 
 def _pow(tx, base, exp, mod=None):
@@ -575,10 +476,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     object.__getattribute__: _object_getattribute,
     type.__call__: _type_call,
     tuple.__new__: _tuple_new,
-    itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
-    itertools.islice: _islice, itertools.chain.from_iterable: _chain_from_iterable,
-    itertools.accumulate: _accumulate, itertools.pairwise: _pairwise,
-    itertools.zip_longest: _zip_longest, functools.reduce: _reduce,
+    functools.reduce: _reduce,
     set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
@@ -600,6 +498,7 @@ BUILTIN_HANDLERS.update(dict_objects.HANDLERS)
 BUILTIN_HANDLERS.update(functools_vars.HANDLERS)
 BUILTIN_HANDLERS.update(inspect_vars.HANDLERS)
 BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
+BUILTIN_HANDLERS.update(itertools_vars.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
 for _fn in ops.COMPARE_FUNCTIONS:
