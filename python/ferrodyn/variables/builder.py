@@ -318,7 +318,9 @@ def _build_constant_object(value: Any, source: Source | None) -> VariableTracker
             return BuiltinVariable(source=source, fn=value)
         if is_torch_callable(value) and not issubclass(value, torch.nn.Module):
             return TorchFunctionVariable(source=source, fn=value)
-        return ClassVariable(source=source, value=value)
+        from ferrodyn.variables.namedtuple_vars import tracker_of
+        made = tracker_of(value) if source is None else None  # a namedtuple made by the trace
+        return made if made is not None else ClassVariable(source=source, value=value)
     if callable(value) and is_torch_callable(value):
         return TorchFunctionVariable(source=source, fn=value)
     return None

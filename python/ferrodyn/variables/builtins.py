@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
-from ferrodyn.variables import itertools_vars
+from ferrodyn.variables import dunder_new, itertools_vars, namedtuple_vars
 from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
@@ -417,6 +417,13 @@ def _hash(tx, obj):
     unsupported(f"hash() of {v.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
 
 
+def _vars(tx, *obj):
+    """`vars(obj)`: `obj.__dict__` (without an argument: the frame's locals, refused)."""
+    if len(obj) != 1:
+        unsupported("vars() without an argument", BreakReason.UNSUPPORTED_BUILTIN)
+    return tx.realize(obj[0]).var_getattr(tx, "__dict__")
+
+
 def _type_call(tx, cls, *args, **kwargs):
     """`type.__call__(cls, *args)`: `cls(*args)`."""
     return tx.realize(cls).call_function(tx, list(args), kwargs)
@@ -469,7 +476,7 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
-    id: _id, hash: _hash,
+    id: _id, hash: _hash, vars: _vars,
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
@@ -499,6 +506,8 @@ BUILTIN_HANDLERS.update(functools_vars.HANDLERS)
 BUILTIN_HANDLERS.update(inspect_vars.HANDLERS)
 BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
 BUILTIN_HANDLERS.update(itertools_vars.HANDLERS)
+BUILTIN_HANDLERS.update(namedtuple_vars.HANDLERS)
+BUILTIN_HANDLERS.update(dunder_new.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
 for _fn in ops.COMPARE_FUNCTIONS:
@@ -592,9 +601,23 @@ class BuiltinVariable(VariableTracker):
     def has_attr(self, tx, name):
         return hasattr(self.fn, name)
 
+    def fx_arg(self, tx):
+        dtype = _SCALAR_DTYPES.get(self.fn)  # `x.to(bool)`: torch's argument parser reads a
+        if dtype is not None:  # Python scalar type as its dtype (float: float64, not the default)
+            return dtype, dtype
+        return super().fx_arg(tx)
+
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         return OutConst(self.fn)
+
+
+def _scalar_dtypes() -> dict:
+    import torch
+    return {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+_SCALAR_DTYPES = _scalar_dtypes()
 
 
 @dataclass(frozen=True, eq=False)

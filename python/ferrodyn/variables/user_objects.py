@@ -598,6 +598,10 @@ class NamedTupleVariable(TupleVariable):
         return got
 
     def as_python_constant(self):
+        from ferrodyn.variables.namedtuple_vars import made_in_frame
+        if made_in_frame(self.cls) is not None:  # its class is the entry's own, made per call
+            from ferrodyn.variables.base import NotConstant
+            raise NotConstant(self)
         vals = TupleVariable(items=self.items).as_python_constant()
         return self.cls(vals) if self.structseq else self.cls(*vals)
 
@@ -611,6 +615,10 @@ class NamedTupleVariable(TupleVariable):
         items = tuple(tx.realize(i).reconstruct(tx) for i in self.items)
         if self.structseq:
             return OutCall(self.cls, (OutTuple(items),))
+        from ferrodyn.variables.namedtuple_vars import made_class_out
+        made = made_class_out(tx, self.cls)  # a class made in the frame: the entry's own one
+        if made is not None:
+            return OutCall(tuple.__new__, (made, OutTuple(items)))
         # `_make` builds with tuple.__new__: no user `__new__` frame runs (which would be
         # intercepted and, inside that very frame's entry, recurse)
         return OutCall(self.cls._make, (OutTuple(items),))
@@ -735,6 +743,9 @@ def construct_instance(tx, cls: type, args, kwargs,
     from ferrodyn.variables.dict_objects import construct_dict_object, dict_base
     if dict_base(cls) is not None and type(cls).__call__ is type.__call__:
         return construct_dict_object(tx, cls, args, kwargs)
+    from ferrodyn.variables.dunder_new import construct_with_new, has_python_new
+    if has_python_new(cls):  # type_call: the user's __new__, then __init__ if it made a cls
+        return construct_with_new(tx, cls, args, kwargs, cls_source)
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
             type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
