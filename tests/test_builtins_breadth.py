@@ -216,3 +216,40 @@ def test_python_float_is_float64_not_the_default_dtype():
         torch.set_default_dtype(old)
     got = ferrodyn.compile(f, backend=CountingBackend())(torch.ones(2, dtype=torch.float32))
     assert got.dtype == want.dtype == torch.float64 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("call", [
+    "isinstance(x, torch.Tensor, invalid=True)",
+    "isinstance(obj=x, class_or_tuple=torch.Tensor)",
+    "len(obj=[1, 2])",
+    "getattr(x, name='shape')",
+    "abs(x=-1)",
+    "sum([1, 2], 0, 5)",
+    "list(iterable=[1])",
+    "itertools.cycle(iterable=[1])",
+])
+def test_builtin_called_with_arguments_cpython_rejects_raises(call):
+    """A builtin called with keywords it does not take, or too many arguments, raises eager's
+    TypeError (the handlers' Python signatures are looser: such a call was folded to a value)."""
+    g: dict = {"torch": torch}
+    exec(f"import itertools\ndef f(x):\n    x = x.sin()\n    return x, {call}", g)
+    with pytest.raises(TypeError) as want:
+        g["f"](torch.ones(1))
+    with pytest.raises(TypeError) as got:
+        ferrodyn.compile(g["f"], backend=CountingBackend())(torch.ones(1))
+    assert str(got.value) == str(want.value)
+
+
+def test_builtin_keywords_cpython_accepts_still_compile():
+    def f(x):
+        a = sorted([3, 1, 2], key=lambda v: -v, reverse=True)
+        b = list(enumerate(iterable="ab", start=1))
+        c = max([1, 5], default=0, key=lambda v: -v)
+        d = list(zip([1], [2], strict=True))
+        e = int("11", base=2)
+        return x + a[0] + c + e, a, b, d
+    cb = CountingBackend()
+    got = ferrodyn.compile(f, backend=cb)(torch.ones(1))
+    want = f(torch.ones(1))
+    assert cb.count == 1
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
+import inspect
 import math
 import operator
 import sys
@@ -535,6 +536,45 @@ def is_builtin_like(value: Any) -> bool:
         return False
 
 
+# Keyword arguments accepted by the modelled callables that have no introspectable signature
+# (CPython's own parsing); None: any keyword. Those absent accept none.
+_KWARGS_OK: dict[Any, frozenset | None] = {
+    zip: frozenset({"strict"}), min: frozenset({"key", "default"}),
+    max: frozenset({"key", "default"}), dict: None, int: frozenset({"base"}),
+    str: frozenset({"object", "encoding", "errors"}), collections.OrderedDict: None,
+    functools.partial: None, operator.methodcaller: None,
+    **itertools_vars.KWARGS_OK,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def bad_call_args(fn, args, kwargs) -> str | None:
+    """Why CPython rejects calling `fn` with these argument *shapes* (a positional-only
+    parameter passed by keyword, a missing or extra argument), or None. The handlers' own
+    Python signatures are looser (`isinstance(obj=x, ...)` must raise, not fold)."""
+    try:
+        sig = _signature(fn)
+    except TypeError:  # unhashable
+        return None
+    name = getattr(fn, "__name__", "function")
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            return f"{name}(): {e}"
+        return None
+    allowed = _KWARGS_OK.get(fn, frozenset())
+    extra = None if allowed is None else sorted(set(kwargs) - allowed)
+    return f"{name}() got an unexpected keyword argument {extra[0]!r}" if extra else None
+
+
 @dataclass(frozen=True, eq=False)
 class BuiltinVariable(VariableTracker):
     """A builtin function or type (`len`, `int`, `operator.add`, `math.sqrt`)."""
@@ -559,6 +599,9 @@ class BuiltinVariable(VariableTracker):
             return reordered
         handler = BUILTIN_HANDLERS.get(self.fn)
         if handler is not None:
+            bad = bad_call_args(self.fn, args, kwargs)
+            if bad is not None:  # eager raises CPython's TypeError: the frame runs it
+                unsupported(f"TypeError: {bad}", BreakReason.EXCEPTION)
             try:
                 return handler(tx, *args, **kwargs)
             except TypeError as e:

@@ -414,3 +414,7 @@ HANDLERS: dict[Any, Callable] = {
     itertools.tee: _tee, itertools.accumulate: _accumulate, itertools.pairwise: _pairwise,
     itertools.zip_longest: _zip_longest,
 }
+# Keywords of the itertools without an introspectable signature (builtins.bad_call_args).
+KWARGS_OK = {itertools.product: frozenset({"repeat"}),
+             itertools.repeat: frozenset({"object", "times"}),
+             itertools.zip_longest: frozenset({"fillvalue"})}
