@@ -253,3 +253,41 @@ def test_builtin_keywords_cpython_accepts_still_compile():
     want = f(torch.ones(1))
     assert cb.count == 1
     assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+
+
+class _Scaled(__import__("typing").NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+    def __getitem__(self, i):
+        return 5 * tuple.__getitem__(self, i)
+
+    def __len__(self):
+        return 7
+
+    def __iter__(self):
+        return iter((self.b, self.a))
+
+    def __contains__(self, v):
+        return v == "magic"
+
+
+def test_namedtuple_input_with_user_dunders_runs_them():
+    """A namedtuple class overriding `__getitem__`/`__iter__`/`__len__`/`__contains__`: the
+    overrides run, as eagerly (they were skipped, a wrong value; and the entry read the graph
+    inputs through `t[i]`, i.e. through the override: an interpreter crash). The fields are
+    read from their slots."""
+    def f(t):
+        x, y = t
+        return t[0] + 1, t.a - 1, len(t), x - y, "magic" in t, 3 in t, [v * 2 for v in t]
+    cb = CountingBackend()
+    g = ferrodyn.compile(f, backend=cb)
+    for t in (_Scaled(torch.ones(2), torch.zeros(2)), _Scaled(torch.zeros(2), torch.ones(2))):
+        want, got = f(t), g(t)
+        assert len(got) == len(want)
+        for w, o in zip(want, got):
+            if isinstance(w, list):
+                assert all(torch.equal(a, b) for a, b in zip(w, o))
+            else:
+                assert (torch.equal(w, o) if isinstance(w, torch.Tensor) else w == o)
+    assert cb.count == 1

@@ -150,7 +150,11 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
                                                            **_existing(tx, source, obj=value)))
     if is_namedtuple_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        return NamedTupleVariable.make(t, _lazy_items(value, source), source=source)
+        from ferrodyn.variables.namedtuple_vars import item_sources  # past a user __getitem__
+        slots = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
+        return NamedTupleVariable.make(t, tuple(LazyVariable(source=s, value=v) for s, v in
+                                                zip(item_sources(t, source, len(slots)), slots)),
+                                       source=source)
     if t in (dict, collections.OrderedDict):
         if tx.output.side_effects.is_written_instance_dict(value):
             unsupported(f"{source.name()}: the __dict__ of an object whose attributes were "

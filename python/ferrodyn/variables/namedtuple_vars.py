@@ -41,6 +41,7 @@ class MadeClass:
                                       defaults=self.defaults, module=self.module)
 
 
+_TUPLEGETTER = type(collections.namedtuple("_P", "x").x)  # a field's slot reader
 _MADE: "weakref.WeakKeyDictionary[type, MadeClass]" = weakref.WeakKeyDictionary()
 
 
@@ -114,6 +115,22 @@ def _namedtuple(tx, typename, field_names, *, rename=None, defaults=None, module
         unsupported(f"{type(e).__name__}: {e}", BreakReason.EXCEPTION)
     _MADE[cls] = spec
     return FrameNamedTupleClassVariable(value=cls)
+
+
+def item_sources(cls: type, source, n: int) -> list:
+    """Where the entry reads the items of a namedtuple from the frame: `t[i]`, or `t.field`
+    (the field's `_tuplegetter` reads the slot) when the class overrides `__getitem__` (`t[i]`
+    would run it and hand the graph its result, not the item)."""
+    from ferrodyn.source import AttrSource, ItemSource
+    from ferrodyn.variables.user_objects import lookup_class_attr
+    if lookup_class_attr(cls, "__getitem__") is tuple.__getitem__:
+        return [ItemSource(source, i) for i in range(n)]
+    fields = tuple(getattr(cls, "_fields", ()))
+    if len(fields) != n or not all(type(lookup_class_attr(cls, f)) is _TUPLEGETTER
+                                   for f in fields):
+        unsupported(f"a {cls.__name__} whose __getitem__ is overridden and whose fields are not "
+                    "plain slots", BreakReason.UNSUPPORTED_TYPE)
+    return [AttrSource(source, f) for f in fields]
 
 
 HANDLERS = {collections.namedtuple: _namedtuple}

@@ -593,9 +593,44 @@ class NamedTupleVariable(TupleVariable):
     def has_attr(self, tx, name):
         return name in self._fields() or instance_has_attr(self.cls, name)
 
+    def _user_dunder(self, tx, name: str, args: list):
+        """The class's own `name` (a Python override of tuple's) called on this tuple, else
+        None (tuple's behaviour)."""
+        attr = lookup_class_attr(self.cls, name)
+        if not isinstance(attr, types.FunctionType):
+            return None
+        method = class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr, self)
+        return tx.realize(tx.realize(method).call_function(tx, args, {}))
+
     def getitem(self, tx, index):
-        got = super().getitem(tx, index)
-        return got
+        got = self._user_dunder(tx, "__getitem__", [index])
+        return got if got is not None else super().getitem(tx, index)
+
+    def iterator(self, tx):
+        it = self._user_dunder(tx, "__iter__", [])
+        return it if it is not None else super().iterator(tx)
+
+    def unpack(self, tx):
+        it = self._user_dunder(tx, "__iter__", [])
+        return it.unpack(tx) if it is not None else super().unpack(tx)
+
+    def length(self, tx):
+        n = self._user_dunder(tx, "__len__", [])
+        if n is None:
+            return super().length(tx)
+        if not (n.is_python_constant() and type(n.as_python_constant()) is int):
+            unsupported(f"{self.cls.__name__}.__len__ returned {n.describe()}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        return n.as_python_constant()
+
+    def truth(self, tx):
+        if isinstance(lookup_class_attr(self.cls, "__bool__"), types.FunctionType):
+            return self._user_dunder(tx, "__bool__", []).truth(tx)
+        return self.length(tx) > 0
+
+    def contains(self, tx, item):
+        r = self._user_dunder(tx, "__contains__", [item])
+        return r.truth(tx) if r is not None else super().contains(tx, item)
 
     def as_python_constant(self):
         from ferrodyn.variables.namedtuple_vars import made_in_frame
