@@ -111,6 +111,14 @@ CASES = {
             s = Single(3)
             return a + s.v, s is Single._inst
     """,
+    # ---- min/max over constants: which argument object is returned
+    "minmax_ties_return_the_first": """
+        def f(a, b):
+            r = (max(1, 1.0), max(1.0, 1), min(2, 2.0), min(2.0, 2), max([3, 3.0], key=int),
+                 min([(1, "a"), (1, "b")], key=lambda p: p[0]), max((), default=None),
+                 max("ab", "b"), max(True, 1), min(0, False))
+            return a * len(r) + b, [(type(v).__name__, v) for v in r]
+    """,
     # ---- iteration through __iter__()
     "tensor_dunder_iter_rows_are_views": """
         def f(a, b):
@@ -291,3 +299,18 @@ def test_namedtuple_input_with_user_dunders_runs_them():
             else:
                 assert (torch.equal(w, o) if isinstance(w, torch.Tensor) else w == o)
     assert cb.count == 1
+
+
+def test_max_with_a_tensor_breaks_with_a_reason_and_matches_eager():
+    """`max(t, 0)` returns the tensor object or the int 0 depending on t's data: ferrodyn
+    does not turn it into a tensor op (torch.compile's clamp returns a new tensor in both cases
+    and splits gradients on ties); it breaks the graph (fullgraph: Unsupported says why)."""
+    def f(a, b):
+        s = a.sum()
+        return max(s, 0), min(1, s), max(a.sum(), b.sum()) + 1
+    for a, b in ((torch.ones(2), -torch.ones(2)), (-torch.ones(2), torch.zeros(2))):
+        want, got = f(a, b), ferrodyn.compile(f, backend=CountingBackend())(a, b)
+        assert [type(w) for w in want] == [type(g) for g in got]
+        assert all(bool(torch.as_tensor(w == g).all()) for w, g in zip(want, got))
+    with pytest.raises(ferrodyn.Unsupported, match="compares greater"):
+        ferrodyn.compile(f, backend=CountingBackend(), fullgraph=True)(torch.ones(2), torch.ones(2))

@@ -154,9 +154,21 @@ def _minmax(fn):
             return symbolic
         vals = _consts(tx, items)
         if vals is None:
-            unsupported(f"{fn.__name__}() over non-constants", BreakReason.DATA_DEPENDENT)
+            unsupported(_minmax_refusal(tx, fn, items), BreakReason.DATA_DEPENDENT)
         return _c(fold(fn, vals))
     return handler
+
+
+def _minmax_refusal(tx, fn, items) -> str:
+    """Why min()/max() over these items is not captured: CPython returns one of the argument
+    *objects*, chosen by `bool(b > a)`; with a tensor that choice (and so the result's type,
+    identity and dtype) depends on its data, which no single graph expresses exactly."""
+    from ferrodyn.variables.tensor import TensorVariable
+    if any(isinstance(tx.realize(i), TensorVariable) for i in items):
+        return (f"{fn.__name__}() with a tensor argument returns whichever argument object "
+                "compares greater (bool() of a tensor comparison: data-dependent object and "
+                "type); torch.maximum/torch.minimum or torch.clamp compute it in the graph")
+    return f"{fn.__name__}() over non-constants"
 
 
 def _abs(tx, x):
