@@ -314,3 +314,35 @@ def test_max_with_a_tensor_breaks_with_a_reason_and_matches_eager():
         assert all(bool(torch.as_tensor(w == g).all()) for w, g in zip(want, got))
     with pytest.raises(ferrodyn.Unsupported, match="compares greater"):
         ferrodyn.compile(f, backend=CountingBackend(), fullgraph=True)(torch.ones(2), torch.ones(2))
+
+
+@pytest.mark.parametrize("flag", ["torch.backends.cuda.matmul.allow_tf32",
+                                  "torch.backends.cudnn.allow_tf32",
+                                  "torch.backends.cudnn.enabled"])
+def test_torch_backend_flags_read_in_the_frame_are_guarded(flag):
+    """A torch flag read in the frame decides a branch: flipping it recompiles (cudnn's flags
+    were read through an unsourced submodule and folded without a guard: the stale branch ran,
+    a wrong value; cuBLAS's were not traced at all: the frame ran eagerly)."""
+    g: dict = {"torch": torch}
+    exec(f"def f(x):\n    if {flag}:\n        return x.sin() + 1\n    return x.cos() - 1", g)
+    f = g["f"]
+    cb = CountingBackend()
+    c = ferrodyn.compile(f, backend=cb)
+    owner, name = flag.rsplit(".", 1)
+    obj = eval(owner, g)
+    old = getattr(obj, name)
+    counts = []
+    try:
+        for value in (old, not old, old):
+            setattr(obj, name, value)
+            x = torch.ones(2)
+            assert torch.equal(c(x), f(x)), f"{flag}={value}"
+            counts.append(cb.count)
+    finally:
+        setattr(obj, name, old)
+    assert counts == [1, 2, 2]  # the flip recompiles once; flipping back hits the first entry
+
+    torch._dynamo.reset()
+    tcb = CountingBackend()
+    torch.compile(f, backend=tcb)(torch.ones(2))
+    assert counts[0] <= tcb.count
