@@ -121,7 +121,7 @@ CASES = {
     """,
     "repeat_and_cycle": """
         def f(x):
-            a = list(itertools.repeat(x, 3))
+            a = list(itertools.repeat(x, times=3)) + list(itertools.repeat(object=x, times=0))
             b = list(zip(range(7), itertools.cycle("ab")))
             c = list(zip(range(4), itertools.repeat(2)))
             return sum(a), a[0] is x, b, c

@@ -130,7 +130,11 @@ def _product(tx, *iterables, repeat=None):
 
 # ---- infinite ---------------------------------------------------------------------------------
 
-def _repeat(tx, obj, times=None):
+def _repeat(tx, *args, **kwargs):
+    named = {**dict(zip(("object", "times"), args)), **kwargs}  # CPython takes both by keyword
+    obj, times = named.get("object"), named.get("times")
+    if obj is None or len(args) + len(kwargs) != len(named) or len(named) > 2:
+        unsupported("TypeError: repeat() arguments", BreakReason.EXCEPTION)
     if times is None:
         return _lazy(_capped(lambda tx: obj, "repeat"))
     n = _const(tx, times, "repeat()")
