@@ -176,7 +176,11 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
                                                            **_existing(tx, source, obj=value)))
     if is_namedtuple_class(t):
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
-        return NamedTupleVariable.make(t, _lazy_items(value, source), source=source)
+        from ferrodyn.variables.namedtuple_vars import item_sources  # past a user __getitem__
+        slots = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
+        return NamedTupleVariable.make(t, tuple(LazyVariable(source=s, value=v) for s, v in
+                                                zip(item_sources(t, source, len(slots)), slots)),
+                                       source=source)
     if t is collections.defaultdict:  # read by position: a guard's `d[k]` could run __missing__
         from ferrodyn.variables.dict_keys import build_object_keyed_dict
         return build_object_keyed_dict(tx, value, source, _existing(tx, source, cls=t, obj=value))
@@ -360,7 +364,9 @@ def _build_constant_object(value: Any, source: Source | None) -> VariableTracker
             return BuiltinVariable(source=source, fn=value)
         if is_torch_callable(value) and not issubclass(value, torch.nn.Module):
             return TorchFunctionVariable(source=source, fn=value)
-        return ClassVariable(source=source, value=value)
+        from ferrodyn.variables.namedtuple_vars import tracker_of
+        made = tracker_of(value) if source is None else None  # a namedtuple made by the trace
+        return made if made is not None else ClassVariable(source=source, value=value)
     if callable(value) and is_torch_callable(value):
         return TorchFunctionVariable(source=source, fn=value)
     return None

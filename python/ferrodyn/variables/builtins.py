@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
-import itertools
+import inspect
 import math
 import operator
 import sys
@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
+from ferrodyn.variables import dunder_new, itertools_vars, namedtuple_vars
 from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
@@ -153,9 +154,21 @@ def _minmax(fn):
             return symbolic
         vals = _consts(tx, items)
         if vals is None:
-            unsupported(f"{fn.__name__}() over non-constants", BreakReason.DATA_DEPENDENT)
+            unsupported(_minmax_refusal(tx, fn, items), BreakReason.DATA_DEPENDENT)
         return _c(fold(fn, vals))
     return handler
+
+
+def _minmax_refusal(tx, fn, items) -> str:
+    """Why min()/max() over these items is not captured: CPython returns one of the argument
+    *objects*, chosen by `bool(b > a)`; with a tensor that choice (and so the result's type,
+    identity and dtype) depends on its data, which no single graph expresses exactly."""
+    from ferrodyn.variables.tensor import TensorVariable
+    if any(isinstance(tx.realize(i), TensorVariable) for i in items):
+        return (f"{fn.__name__}() with a tensor argument returns whichever argument object "
+                "compares greater (bool() of a tensor comparison: data-dependent object and "
+                "type); torch.maximum/torch.minimum or torch.clamp compute it in the graph")
+    return f"{fn.__name__}() over non-constants"
 
 
 def _abs(tx, x):
@@ -339,84 +352,6 @@ def _frozenset(tx, iterable=None):
     return make_set(tx, iterable, frozen=True)
 
 
-def _lazy(step) -> IteratorVariable:
-    from ferrodyn.variables.lists import IterState
-    return IteratorVariable(state=IterState([], step=step))
-
-
-def _iter_of(tx, iterable) -> IteratorVariable:
-    it = tx.realize(iterable).iterator(tx)
-    return it if isinstance(it, IteratorVariable) else IteratorVariable.over(it.unpack(tx))
-
-
-def _chain_over(tx, outer: IteratorVariable) -> IteratorVariable:
-    """`chain`: lazy, as in CPython: each iterable is iterated (and `iter()` called on it)
-    only when the previous one is exhausted, so a generator runs as far as the consumer."""
-    current: list = [None]
-
-    def step(tx):
-        while True:
-            if current[0] is None:
-                nxt = outer.next(tx)
-                if nxt is None:
-                    return None
-                current[0] = _iter_of(tx, nxt)
-            item = current[0].next(tx)
-            if item is not None:
-                return item
-            current[0] = None
-    return _lazy(step)
-
-
-def _chain(tx, *iterables):
-    return _chain_over(tx, IteratorVariable.over(iterables))
-
-
-def _product(tx, *iterables, repeat=None):
-    seqs = [_items(tx, it) for it in iterables]
-    if repeat is not None:
-        seqs = seqs * _const_arg(tx, repeat, "product")
-    return IteratorVariable.over(TupleVariable(items=t) for t in itertools.product(*seqs))
-
-
-def _repeat(tx, obj, times=None):
-    if times is None:
-        unsupported("itertools.repeat without times", BreakReason.UNSUPPORTED_BUILTIN)
-    return IteratorVariable.over([obj] * _const_arg(tx, times, "repeat"))
-
-
-def _islice(tx, iterable, *args):
-    """`islice(it, [start,] stop[, step])`: lazy, consuming exactly what CPython's
-    islice_next consumes (nothing past `stop`)."""
-    sl = slice(*[_const_arg(tx, a, "islice") for a in args])
-    start, stop, stride = sl.start or 0, sl.stop, 1 if sl.step is None else sl.step
-    if not all(isinstance(v, int) and v >= 0 for v in (start, stride, stop or 0)) or stride < 1:
-        unsupported("ValueError: islice() arguments", BreakReason.EXCEPTION)
-    it = _iter_of(tx, iterable)
-    pos = {"cnt": 0, "next": start}
-
-    def step(tx):
-        if stop is not None and pos["next"] >= stop:
-            return None
-        while pos["cnt"] < pos["next"]:
-            if it.next(tx) is None:
-                return None
-            pos["cnt"] += 1
-        item = it.next(tx)
-        if item is None:
-            return None
-        pos["cnt"] += 1
-        pos["next"] += stride
-        if stop is not None and pos["next"] > stop:
-            pos["next"] = stop
-        return item
-    return _lazy(step)
-
-
-def _chain_from_iterable(tx, iterables):
-    return _chain_over(tx, _iter_of(tx, iterables))
-
-
 def _reduce(tx, fn, iterable, *initial):
     from ferrodyn.variables.lists import each_item
     fn = tx.realize(fn)
@@ -427,27 +362,6 @@ def _reduce(tx, fn, iterable, *initial):
         unsupported("TypeError: reduce() of empty iterable with no initial value",
                     BreakReason.EXCEPTION)
     return acc
-
-
-def _accumulate(tx, iterable, func=None, *, initial=None):
-    from ferrodyn.variables.lists import accumulate_iterator
-    fn = None if func is None else tx.realize(func)
-
-    def combine(tx, total, item):
-        if fn is None:
-            return ops.binary_op(tx, operator.add, total, item)
-        return fn.call_function(tx, [total, item], {})
-    return accumulate_iterator(tx, iterable, combine, initial)
-
-
-def _pairwise(tx, iterable):
-    from ferrodyn.variables.lists import pairwise_iterator
-    return pairwise_iterator(tx, iterable)
-
-
-def _zip_longest(tx, *iterables, fillvalue=None):
-    from ferrodyn.variables.lists import zip_longest_iterator
-    return zip_longest_iterator(tx, iterables, _c(None) if fillvalue is None else fillvalue)
 
 
 def _pow(tx, base, exp, mod=None):
@@ -514,6 +428,13 @@ def _hash(tx, obj):
     unsupported(f"hash() of {v.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
 
 
+def _vars(tx, *obj):
+    """`vars(obj)`: `obj.__dict__` (without an argument: the frame's locals, refused)."""
+    if len(obj) != 1:
+        unsupported("vars() without an argument", BreakReason.UNSUPPORTED_BUILTIN)
+    return tx.realize(obj[0]).var_getattr(tx, "__dict__")
+
+
 def _type_call(tx, cls, *args, **kwargs):
     """`type.__call__(cls, *args)`: `cls(*args)`."""
     return tx.realize(cls).call_function(tx, list(args), kwargs)
@@ -566,17 +487,14 @@ BUILTIN_HANDLERS: dict[Any, Callable] = {
     next: _next, callable: _callable, sorted: _sorted, map: _map, filter: _filter,
     super: _super, slice: _slice, repr: _scalar(repr), format: _scalar(format),
     print: _unsupported("print", BreakReason.UNSUPPORTED_CALL),
-    id: _id, hash: _hash,
+    id: _id, hash: _hash, vars: _vars,
     input: _unsupported("input", BreakReason.UNSUPPORTED_CALL),
     open: _unsupported("open", BreakReason.UNSUPPORTED_CALL),
     object.__setattr__: _object_setattr,
     object.__getattribute__: _object_getattribute,
     type.__call__: _type_call,
     tuple.__new__: _tuple_new,
-    itertools.chain: _chain, itertools.product: _product, itertools.repeat: _repeat,
-    itertools.islice: _islice, itertools.chain.from_iterable: _chain_from_iterable,
-    itertools.accumulate: _accumulate, itertools.pairwise: _pairwise,
-    itertools.zip_longest: _zip_longest, functools.reduce: _reduce,
+    functools.reduce: _reduce,
     set: _set, frozenset: _frozenset, collections.OrderedDict: _ordered_dict,
     functools.partial: _partial,
     operator.getitem: lambda tx, a, b: tx.realize(a).getitem(tx, b),
@@ -598,6 +516,9 @@ BUILTIN_HANDLERS.update(dict_objects.HANDLERS)
 BUILTIN_HANDLERS.update(functools_vars.HANDLERS)
 BUILTIN_HANDLERS.update(inspect_vars.HANDLERS)
 BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
+BUILTIN_HANDLERS.update(itertools_vars.HANDLERS)
+BUILTIN_HANDLERS.update(namedtuple_vars.HANDLERS)
+BUILTIN_HANDLERS.update(dunder_new.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
 for _fn in ops.COMPARE_FUNCTIONS:
@@ -625,6 +546,45 @@ def is_builtin_like(value: Any) -> bool:
         return False
 
 
+# Keyword arguments accepted by the modelled callables that have no introspectable signature
+# (CPython's own parsing); None: any keyword. Those absent accept none.
+_KWARGS_OK: dict[Any, frozenset | None] = {
+    zip: frozenset({"strict"}), min: frozenset({"key", "default"}),
+    max: frozenset({"key", "default"}), dict: None, int: frozenset({"base"}),
+    str: frozenset({"object", "encoding", "errors"}), collections.OrderedDict: None,
+    functools.partial: None, operator.methodcaller: None,
+    **itertools_vars.KWARGS_OK,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def bad_call_args(fn, args, kwargs) -> str | None:
+    """Why CPython rejects calling `fn` with these argument *shapes* (a positional-only
+    parameter passed by keyword, a missing or extra argument), or None. The handlers' own
+    Python signatures are looser (`isinstance(obj=x, ...)` must raise, not fold)."""
+    try:
+        sig = _signature(fn)
+    except TypeError:  # unhashable
+        return None
+    name = getattr(fn, "__name__", "function")
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            return f"{name}(): {e}"
+        return None
+    allowed = _KWARGS_OK.get(fn, frozenset())
+    extra = None if allowed is None else sorted(set(kwargs) - allowed)
+    return f"{name}() got an unexpected keyword argument {extra[0]!r}" if extra else None
+
+
 @dataclass(frozen=True, eq=False)
 class BuiltinVariable(VariableTracker):
     """A builtin function or type (`len`, `int`, `operator.add`, `math.sqrt`)."""
@@ -649,6 +609,9 @@ class BuiltinVariable(VariableTracker):
             return reordered
         handler = BUILTIN_HANDLERS.get(self.fn)
         if handler is not None:
+            bad = bad_call_args(self.fn, args, kwargs)
+            if bad is not None:  # eager raises CPython's TypeError: the frame runs it
+                unsupported(f"TypeError: {bad}", BreakReason.EXCEPTION)
             try:
                 return handler(tx, *args, **kwargs)
             except TypeError as e:
@@ -691,9 +654,23 @@ class BuiltinVariable(VariableTracker):
     def has_attr(self, tx, name):
         return hasattr(self.fn, name)
 
+    def fx_arg(self, tx):
+        dtype = _SCALAR_DTYPES.get(self.fn)  # `x.to(bool)`: torch's argument parser reads a
+        if dtype is not None:  # Python scalar type as its dtype (float: float64, not the default)
+            return dtype, dtype
+        return super().fx_arg(tx)
+
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         return OutConst(self.fn)
+
+
+def _scalar_dtypes() -> dict:
+    import torch
+    return {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+_SCALAR_DTYPES = _scalar_dtypes()
 
 
 @dataclass(frozen=True, eq=False)

@@ -136,6 +136,8 @@ class ConstantMethodVariable(VariableTracker):
         if not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
             unsupported(f"{self.describe()} with non-constant arguments",
                         BreakReason.UNSUPPORTED_CALL)
+        if self.name == "__iter__" and not args and not kwargs:  # range(3).__iter__()
+            return ConstantVariable(value=self.obj).iterator(tx)
         method = getattr(self.obj, self.name)
         return wrap_constant(fold(method, *[a.as_python_constant() for a in args],
                                   **{k: v.as_python_constant() for k, v in kwargs.items()}))

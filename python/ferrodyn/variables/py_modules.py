@@ -41,9 +41,16 @@ class PythonModuleVariable(VariableTracker):
         except AttributeError as e:
             unsupported(str(e), BreakReason.EXCEPTION)
         modname = self.value.__name__
+        flags = _torch_flags_object(tx, self.source, name, value)
+        if flags is not None:
+            return flags
         if (modname == "torch" or modname.startswith("torch.")) and \
                 not isinstance(value, torch.Tensor) and \
                 not _is_mutable_config(value):
+            if isinstance(value, types.ModuleType) and self.source is not None:
+                # a submodule keeps its Source (not guarded itself) so that its mutable config
+                # scalars (`torch.backends.cudnn.enabled`) are guarded where they are read
+                return PythonModuleVariable(value=value, source=AttrSource(self.source, name))
             return build_unsourced(value)
         if self.source is None:
             return build_unsourced(value)
@@ -59,3 +66,37 @@ class PythonModuleVariable(VariableTracker):
 
 def _is_mutable_config(value) -> bool:
     return isinstance(value, (bool, int, float, str)) and not isinstance(value, type)
+
+
+def _torch_flags_object(tx, source, name, value):
+    """`torch.backends.cuda.matmul` (a `cuBLASModule`: its flags are read through
+    `__getattr__` from torch's global context): a TorchFlagsVariable, or None."""
+    import torch
+    cls = getattr(getattr(torch.backends, "cuda", None), "cuBLASModule", None)
+    if cls is None or type(value) is not cls:
+        return None
+    return TorchFlagsVariable(value=value, source=None if source is None else
+                              AttrSource(source, name))
+
+
+@dataclass(frozen=True, eq=False)
+class TorchFlagsVariable(VariableTracker):
+    """An object of torch global flags read as attributes (`torch.backends.cuda.matmul`): each
+    scalar flag read is guarded (EQUALS on its Source), so flipping it recompiles."""
+
+    value: object = None
+
+    def describe(self):
+        return f"torch flags {type(self.value).__name__}"
+
+    def var_getattr(self, tx, name):
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as e:
+            unsupported(str(e), BreakReason.EXCEPTION)
+        if not _is_mutable_config(value) or self.source is None:
+            unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_TYPE)
+        return LazyVariable(source=AttrSource(self.source, name), value=value)
+
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)

@@ -195,6 +195,8 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
         return _SHAPE_METHODS[name](tx, tensor, args, kwargs)
     if name in _CONVERSION_METHODS:
         return _CONVERSION_METHODS[name](tx, tensor, args, kwargs)
+    if name == "__iter__" and not args and not kwargs:  # iter(self.unbind(0)): its rows
+        return tensor.iterator(tx)
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
 
 

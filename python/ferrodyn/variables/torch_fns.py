@@ -107,6 +107,7 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch._C._has_torch_function_variadic: _has_torch_function,
     torch.jit.is_scripting: _const_result(False),
     torch.jit.is_tracing: _const_result(False),
+    torch.jit.annotate: lambda tx, args, kwargs: (list(args) + list(kwargs.values()))[1],
     torch._C._get_tracing_state: _const_result(None),
     torch.compiler.is_compiling: _const_result(True),
     torch.compiler.is_dynamo_compiling: _const_result(True),

@@ -599,11 +599,50 @@ class NamedTupleVariable(TupleVariable):
     def has_attr(self, tx, name):
         return name in self._fields() or instance_has_attr(self.cls, name)
 
+    def _user_dunder(self, tx, name: str, args: list):
+        """The class's own `name` (a Python override of tuple's) called on this tuple, else
+        None (tuple's behaviour)."""
+        attr = lookup_class_attr(self.cls, name)
+        if not isinstance(attr, types.FunctionType):
+            return None
+        method = class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr, self)
+        return tx.realize(tx.realize(method).call_function(tx, args, {}))
+
     def getitem(self, tx, index):
-        got = super().getitem(tx, index)
-        return got
+        got = self._user_dunder(tx, "__getitem__", [index])
+        return got if got is not None else super().getitem(tx, index)
+
+    def iterator(self, tx):
+        it = self._user_dunder(tx, "__iter__", [])
+        return it if it is not None else super().iterator(tx)
+
+    def unpack(self, tx):
+        it = self._user_dunder(tx, "__iter__", [])
+        return it.unpack(tx) if it is not None else super().unpack(tx)
+
+    def length(self, tx):
+        n = self._user_dunder(tx, "__len__", [])
+        if n is None:
+            return super().length(tx)
+        if not (n.is_python_constant() and type(n.as_python_constant()) is int):
+            unsupported(f"{self.cls.__name__}.__len__ returned {n.describe()}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        return n.as_python_constant()
+
+    def truth(self, tx):
+        if isinstance(lookup_class_attr(self.cls, "__bool__"), types.FunctionType):
+            return self._user_dunder(tx, "__bool__", []).truth(tx)
+        return self.length(tx) > 0
+
+    def contains(self, tx, item):
+        r = self._user_dunder(tx, "__contains__", [item])
+        return r.truth(tx) if r is not None else super().contains(tx, item)
 
     def as_python_constant(self):
+        from ferrodyn.variables.namedtuple_vars import made_in_frame
+        if made_in_frame(self.cls) is not None:  # its class is the entry's own, made per call
+            from ferrodyn.variables.base import NotConstant
+            raise NotConstant(self)
         vals = TupleVariable(items=self.items).as_python_constant()
         return self.cls(vals) if self.structseq else self.cls(*vals)
 
@@ -617,6 +656,10 @@ class NamedTupleVariable(TupleVariable):
         items = tuple(tx.realize(i).reconstruct(tx) for i in self.items)
         if self.structseq:
             return OutCall(self.cls, (OutTuple(items),))
+        from ferrodyn.variables.namedtuple_vars import made_class_out
+        made = made_class_out(tx, self.cls)  # a class made in the frame: the entry's own one
+        if made is not None:
+            return OutCall(tuple.__new__, (made, OutTuple(items)))
         # `_make` builds with tuple.__new__: no user `__new__` frame runs (which would be
         # intercepted and, inside that very frame's entry, recurse)
         return OutCall(self.cls._make, (OutTuple(items),))
@@ -741,6 +784,9 @@ def construct_instance(tx, cls: type, args, kwargs,
     from ferrodyn.variables.dict_objects import construct_dict_object, dict_base
     if dict_base(cls) is not None and type(cls).__call__ is type.__call__:
         return construct_dict_object(tx, cls, args, kwargs)
+    from ferrodyn.variables.dunder_new import construct_with_new, has_python_new
+    if has_python_new(cls):  # type_call: the user's __new__, then __init__ if it made a cls
+        return construct_with_new(tx, cls, args, kwargs, cls_source)
     if lookup_class_attr(cls, "__new__") not in (object.__new__, _ABSENT) or \
             type(cls).__call__ is not type.__call__:  # ABCMeta is fine: it creates like type
         unsupported(f"{cls.__name__}.__new__ / metaclass", BreakReason.UNSUPPORTED_CALL)
