@@ -36,7 +36,6 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ferrodyn import symbolic_shapes
-from ferrodyn.proxy_dispatch import fake_cache
 from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, make_mode
 from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker
 
@@ -158,10 +157,7 @@ class _Trace:
 
         mode = detect_fake_mode(flat)
         if mode is None:
-            mode = symbolic_shapes.new_fake_mode(self.tracing_mode)
-            if self.tracing_mode == "symbolic":
-                fake_cache.install(mode)
-            return mode
+            return symbolic_shapes.new_fake_mode(self.tracing_mode)
         if self.tracing_mode == "symbolic" and mode.shape_env is None:
             raise ValueError("make_fx(tracing_mode='symbolic'): the inputs' FakeTensorMode has no ShapeEnv")
         return mode
