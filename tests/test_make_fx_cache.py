@@ -70,6 +70,23 @@ _same_layers = torch.nn.Sequential(
 )
 
 
+_row = torch.randn(1, 5, 5)
+_square = torch.randn(5, 5)
+
+
+def param_views_twice(x):
+    # ops on closed-over tensors with symbolic arguments, twice: the second hits the fake
+    # mode's cache (make_fx hands it the trace's one fake of the tensor) where torch's tracer
+    # converts the real tensor again; and a node's symbolic arguments are made before the
+    # get_attr of a constant argument, as torch's tracer makes them
+    n = x.shape[0]
+    a = _row.expand(n, 5, 5).contiguous() * 2
+    b = _row.expand(n, 5, 5).contiguous() * 3
+    c = _square.narrow(0, 0, n - 2).t().contiguous() + 1
+    d = _square.narrow(0, 0, n - 2).t().contiguous() * 2
+    return a, b, c, d
+
+
 def contiguous_t(x):
     y = x.t().contiguous()
     return y * 2, y.sum(0)
@@ -86,6 +103,7 @@ def views_and_sizes(x):
 
 
 REPEATED = {
+    "param_views_twice": (param_views_twice, lambda: (torch.randn(5, 5),)),
     "contiguous_t": (contiguous_t, lambda: (torch.randn(8, 5),)),
     "same_layers": (same_layers, lambda: (torch.randn(4, 6),)),
     "views_and_sizes": (views_and_sizes, lambda: (torch.randn(4, 6),)),

@@ -235,8 +235,7 @@ class ProxyDispatchMode(TorchDispatchMode):
 
     def _record(self, func, info: _OpInfo, args, kwargs):
         tracker = self.tracker
-        node_args = tracker.arg(args)
-        node_kwargs = {k: tracker.arg(v) for k, v in kwargs.items()} if kwargs else {}
+        node_args, node_kwargs = tracker.op_args(args, kwargs)
 
         constants = tracker.constants
         all_constant = any_constant = False

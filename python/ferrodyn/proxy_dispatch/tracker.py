@@ -239,6 +239,24 @@ class ProxyTracker:
         entry = self.syms.get(s.node)
         return _force(entry) if entry is not None else self.sym_node(s)
 
+    def op_args(self, args, kwargs) -> tuple[tuple, dict]:
+        """The graph form of an op's (args, kwargs), creating nodes in torch's order: first the
+        nodes of the symbolic values (lazy accessors forced, left to right), then the `get_attr`
+        nodes of untracked tensors (torch's tracer makes those when it builds the call node)."""
+        if self.track_syms:
+            for a in (*args, *kwargs.values()):
+                self._force_syms(a)
+        node_args = self.arg(args)
+        return node_args, ({k: self.arg(v) for k, v in kwargs.items()} if kwargs else {})
+
+    def _force_syms(self, a) -> None:
+        t = type(a)
+        if t is tuple or t is list or t is torch.Size:
+            for x in a:
+                self._force_syms(x)
+        elif t in SYM_TYPES:
+            self.sym_node(a)
+
     def arg(self, a):
         """Map one op argument (a leaf, or a list/tuple of leaves) to its graph form."""
         t = type(a)
