@@ -9,16 +9,15 @@ example values (`tracker._shared_val_mode`); the per-trace fakes of real tensors
 (`tracker.fake_of`). A cache that kept anything across traces keyed on less than what decides
 the result (shape, dtype, stride, device, requires_grad, a parameter changed in place, the
 ShapeEnv's state) would make one of these traces differ from torch's. A fake op's result
-reused across ShapeEnvs is observable too: the kernel's own SymInt arithmetic is traced (it
-names nodes, and first producer wins) and a synthesised output has its symbolic contiguity
-computed already, so `test_repeated_traces_match_torch` fails for such a cache.
+reused across ShapeEnvs is observable too, even where the ShapeEnv's whole state matched: the
+second trace of `contiguous_t` then names its nodes differently from torch's make_fx (the
+reused output skips SymInt arithmetic that torch's trace records and later drops as dead), so
+`test_repeated_traces_match_torch` fails for such a cache.
 
-Each comparison with torch: the generated code (node names and order included) and every
-node's `meta["val"]` (type, shape, stride, dtype, device, requires_grad, storage offset). In
-symbolic mode the ShapeEnv's guards and replacements of a trace equal those of the first trace
-of the same inputs (not torch's: torch's make_fx also records `meta["tensor_meta"]`, whose
-memory-format checks add guards ferrodyn's trace does not make, e.g. `n >= 2` for
-`x.repeat(n, 1)`).
+Each comparison with torch: the generated code (node names and order included), every node's
+meta keys, `meta["val"]` (type, shape, stride, dtype, device, requires_grad, storage offset)
+and `meta["tensor_meta"]`, and in symbolic mode the ShapeEnv's guards (in order) and
+replacements.
 """
 
 import pytest
@@ -55,10 +54,17 @@ def assert_same_as_torch(fn, args, mode):
     torch.manual_seed(0)
     ref = torch_make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*args)
     assert ours.code == ref.code
-    got = [(n.name, n.op, str(n.target), describe(n.meta.get("val"))) for n in ours.graph.nodes]
-    want = [(n.name, n.op, str(n.target), describe(n.meta.get("val"))) for n in ref.graph.nodes]
+    got = [node_record(n) for n in ours.graph.nodes]
+    want = [node_record(n) for n in ref.graph.nodes]
     assert got == want
+    if mode == "symbolic":
+        assert shape_env_state(ours) == shape_env_state(ref)
     return ours
+
+
+def node_record(n):
+    return (n.name, n.op, str(n.target), sorted(n.meta), describe(n.meta.get("val")),
+            str(n.meta.get("tensor_meta")))
 
 
 # -- the same program traced again --------------------------------------------------------------
@@ -87,6 +93,11 @@ def param_views_twice(x):
     return a, b, c, d
 
 
+def literal_constant(x):
+    # torch.tensor(...) in the traced function: lift_fresh, recorded as lift_fresh_copy
+    return x * torch.tensor([2.0, 3.0, 4.0]) + 1
+
+
 def contiguous_t(x):
     y = x.t().contiguous()
     return y * 2, y.sum(0)
@@ -105,6 +116,7 @@ def views_and_sizes(x):
 REPEATED = {
     "param_views_twice": (param_views_twice, lambda: (torch.randn(5, 5),)),
     "contiguous_t": (contiguous_t, lambda: (torch.randn(8, 5),)),
+    "literal_constant": (literal_constant, lambda: (torch.randn(4, 3),)),
     "same_layers": (same_layers, lambda: (torch.randn(4, 6),)),
     "views_and_sizes": (views_and_sizes, lambda: (torch.randn(4, 6),)),
 }

@@ -14,7 +14,7 @@ live traced value to the fx node that produces it:
 
 Also owns the example values stored in `node.meta["val"]` (as torch's make_fx records them:
 detached, non-view FakeTensors describing the value when it was produced; no value for a plain
-number result). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
+number result) and `node.meta["tensor_meta"]` (`set_tensor_meta`). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch import SymBool, SymFloat, SymInt, Tensor
 from torch._subclasses.fake_impls import fast_detach
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ferrodyn.weak import WeakIdKeyDictionary, WeakTensorKeyDictionary
 
@@ -37,6 +38,15 @@ _SYM_SIZE = _aten.sym_size.int
 _SYM_STRIDE = _aten.sym_stride.int
 _SYM_NUMEL = _aten.sym_numel.default
 _SYM_STORAGE_OFFSET = _aten.sym_storage_offset.default
+
+
+def set_tensor_meta(node: fx.Node, t: Tensor) -> None:
+    """`node.meta["tensor_meta"]` for tensor value `t`, as torch's tracer records it right after
+    tracking each tensor it produces (a placeholder, an op's output): computed from the live
+    value (its memory-format checks may add guards to the ShapeEnv, as in torch); none for a
+    real sparse tensor."""
+    if type(t) is FakeTensor or not t.is_sparse:
+        node.meta["tensor_meta"] = _extract_tensor_metadata(t)
 
 
 class LazyNode:
@@ -322,6 +332,7 @@ class ProxyTracker:
         gets its own `getitem` node, in order, like torch's tracer)."""
         if isinstance(out, Tensor):
             self.track_tensor(out, node, constant)
+            set_tensor_meta(node, out)
         elif isinstance(out, SYM_TYPES):
             self.set_sym(out, node)
         elif isinstance(out, (tuple, list)):
