@@ -93,6 +93,15 @@ def param_views_twice(x):
     return a, b, c, d
 
 
+def layouts(x):
+    # memory formats of static-size tensors (tensor_meta of those is memoised per sizes and
+    # strides): channels_last (2d and 3d), permuted, expanded (stride 0), size-1 and empty dims
+    cl = x.contiguous(memory_format=torch.channels_last)
+    cl3 = x.unsqueeze(2).contiguous(memory_format=torch.channels_last_3d)
+    return (cl * 2, cl3 + 1, x.permute(0, 2, 3, 1) + 1, x[:, :1].expand(2, 3, 4, 5) * 1,
+            x.new_zeros(0, 3), x[:, :, :1, :1].sum(0), x[0, 0].t())
+
+
 def literal_constant(x):
     # torch.tensor(...) in the traced function: lift_fresh, recorded as lift_fresh_copy
     return x * torch.tensor([2.0, 3.0, 4.0]) + 1
@@ -117,6 +126,7 @@ REPEATED = {
     "param_views_twice": (param_views_twice, lambda: (torch.randn(5, 5),)),
     "contiguous_t": (contiguous_t, lambda: (torch.randn(8, 5),)),
     "literal_constant": (literal_constant, lambda: (torch.randn(4, 3),)),
+    "layouts": (layouts, lambda: (torch.randn(2, 3, 4, 5),)),
     "same_layers": (same_layers, lambda: (torch.randn(4, 6),)),
     "views_and_sizes": (views_and_sizes, lambda: (torch.randn(4, 6),)),
 }

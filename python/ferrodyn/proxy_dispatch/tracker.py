@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch import SymBool, SymFloat, SymInt, Tensor
 from torch._subclasses.fake_impls import fast_detach
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.fx.passes.shape_prop import TensorMetadata, _extract_tensor_metadata
 
 from ferrodyn.weak import WeakIdKeyDictionary, WeakTensorKeyDictionary
 
@@ -44,9 +44,29 @@ def set_tensor_meta(node: fx.Node, t: Tensor) -> None:
     """`node.meta["tensor_meta"]` for tensor value `t`, as torch's tracer records it right after
     tracking each tensor it produces (a placeholder, an op's output): computed from the live
     value (its memory-format checks may add guards to the ShapeEnv, as in torch); none for a
-    real sparse tensor."""
-    if type(t) is FakeTensor or not t.is_sparse:
-        node.meta["tensor_meta"] = _extract_tensor_metadata(t)
+    real sparse tensor. A dense tensor with static sizes and strides takes its memory format
+    from `_MEMORY_FORMATS` (torch's checks are a pure function of those ints)."""
+    if type(t) is not FakeTensor and t.is_sparse:
+        return
+    if t.layout is torch.strided and not t.is_quantized:
+        shape, stride = t.shape, t.stride()
+        if all(type(v) is int for v in shape) and all(type(v) is int for v in stride):
+            key = (tuple(shape), stride)
+            fmt = _MEMORY_FORMATS.get(key, _UNKNOWN)
+            if fmt is _UNKNOWN:
+                fmt = _extract_tensor_metadata(t).memory_format
+                if len(_MEMORY_FORMATS) >= 4096:
+                    _MEMORY_FORMATS.clear()
+                _MEMORY_FORMATS[key] = fmt
+            node.meta["tensor_meta"] = TensorMetadata(
+                shape, t.dtype, t.requires_grad, stride, fmt, False, {}
+            )
+            return
+    node.meta["tensor_meta"] = _extract_tensor_metadata(t)
+
+
+_MEMORY_FORMATS: dict = {}  # (sizes, strides) -> memory format, for dense static tensors
+_UNKNOWN = object()
 
 
 class LazyNode:
