@@ -37,7 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ferrodyn import symbolic_shapes
 from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, make_mode
-from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker
+from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker, set_tensor_meta
 
 TRACING_MODES = ("real", "fake", "symbolic")
 
@@ -209,6 +209,11 @@ class _Trace:
             node = tracker.placeholder(name, x)
             if isinstance(x, Tensor):
                 tracker.track_tensor(x, node)
+                tracker.lazy = True  # symbolic arithmetic of the memory-format checks: lazy
+                try:
+                    set_tensor_meta(node, x)
+                finally:
+                    tracker.lazy = False
             elif isinstance(x, SYM_TYPES):
                 tracker.set_sym(x, node)
         call_args = pytree.tree_unflatten(inputs, in_spec) if nested else tuple(inputs)

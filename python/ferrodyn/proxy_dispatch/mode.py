@@ -235,8 +235,7 @@ class ProxyDispatchMode(TorchDispatchMode):
 
     def _record(self, func, info: _OpInfo, args, kwargs):
         tracker = self.tracker
-        node_args = tracker.arg(args)
-        node_kwargs = {k: tracker.arg(v) for k, v in kwargs.items()} if kwargs else {}
+        node_args, node_kwargs = tracker.op_args(args, kwargs)
 
         constants = tracker.constants
         all_constant = any_constant = False
@@ -254,8 +253,10 @@ class ProxyDispatchMode(TorchDispatchMode):
                     "tracing_mode='real'. Try tracing_mode='symbolic'."
                 )
 
+        name = info.name
         if func is _LIFT_FRESH:
-            func = _LIFT_FRESH_COPY
+            func = _LIFT_FRESH_COPY  # recorded (and named) as the copy, as torch's tracer does
+            name = op_info(func).name
         if info.mutates_metadata:
             tracker.before_metadata_mutation(args, kwargs)
         call_args, call_kwargs = args, kwargs
@@ -280,7 +281,7 @@ class ProxyDispatchMode(TorchDispatchMode):
             _first_tensor(args) is not None
             or (bool(kwargs) and _first_tensor(tuple(kwargs.values())) is not None)
         )
-        node = tracker.call(func, node_args, node_kwargs, info.name, out, keep_raw)
+        node = tracker.call(func, node_args, node_kwargs, name, out, keep_raw)
 
         constant = None
         if func is _LIFT_FRESH_COPY and out.numel() <= CONSTANT_NUMEL_LIMIT:

@@ -14,7 +14,7 @@ live traced value to the fx node that produces it:
 
 Also owns the example values stored in `node.meta["val"]` (as torch's make_fx records them:
 detached, non-view FakeTensors describing the value when it was produced; no value for a plain
-number result). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
+number result) and `node.meta["tensor_meta"]` (`set_tensor_meta`). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch import SymBool, SymFloat, SymInt, Tensor
 from torch._subclasses.fake_impls import fast_detach
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.passes.shape_prop import TensorMetadata, _extract_tensor_metadata
 
 from ferrodyn.weak import WeakIdKeyDictionary, WeakTensorKeyDictionary
 
@@ -37,6 +38,35 @@ _SYM_SIZE = _aten.sym_size.int
 _SYM_STRIDE = _aten.sym_stride.int
 _SYM_NUMEL = _aten.sym_numel.default
 _SYM_STORAGE_OFFSET = _aten.sym_storage_offset.default
+
+
+def set_tensor_meta(node: fx.Node, t: Tensor) -> None:
+    """`node.meta["tensor_meta"]` for tensor value `t`, as torch's tracer records it right after
+    tracking each tensor it produces (a placeholder, an op's output): computed from the live
+    value (its memory-format checks may add guards to the ShapeEnv, as in torch); none for a
+    real sparse tensor. A dense tensor with static sizes and strides takes its memory format
+    from `_MEMORY_FORMATS` (torch's checks are a pure function of those ints)."""
+    if type(t) is not FakeTensor and t.is_sparse:
+        return
+    if t.layout is torch.strided and not t.is_quantized:
+        shape, stride = t.shape, t.stride()
+        if all(type(v) is int for v in shape) and all(type(v) is int for v in stride):
+            key = (tuple(shape), stride)
+            fmt = _MEMORY_FORMATS.get(key, _UNKNOWN)
+            if fmt is _UNKNOWN:
+                fmt = _extract_tensor_metadata(t).memory_format
+                if len(_MEMORY_FORMATS) >= 4096:
+                    _MEMORY_FORMATS.clear()
+                _MEMORY_FORMATS[key] = fmt
+            node.meta["tensor_meta"] = TensorMetadata(
+                shape, t.dtype, t.requires_grad, stride, fmt, False, {}
+            )
+            return
+    node.meta["tensor_meta"] = _extract_tensor_metadata(t)
+
+
+_MEMORY_FORMATS: dict = {}  # (sizes, strides) -> memory format, for dense static tensors
+_UNKNOWN = object()
 
 
 class LazyNode:
@@ -239,6 +269,24 @@ class ProxyTracker:
         entry = self.syms.get(s.node)
         return _force(entry) if entry is not None else self.sym_node(s)
 
+    def op_args(self, args, kwargs) -> tuple[tuple, dict]:
+        """The graph form of an op's (args, kwargs), creating nodes in torch's order: first the
+        nodes of the symbolic values (lazy accessors forced, left to right), then the `get_attr`
+        nodes of untracked tensors (torch's tracer makes those when it builds the call node)."""
+        if self.track_syms:
+            for a in (*args, *kwargs.values()):
+                self._force_syms(a)
+        node_args = self.arg(args)
+        return node_args, ({k: self.arg(v) for k, v in kwargs.items()} if kwargs else {})
+
+    def _force_syms(self, a) -> None:
+        t = type(a)
+        if t is tuple or t is list or t is torch.Size:
+            for x in a:
+                self._force_syms(x)
+        elif t in SYM_TYPES:
+            self.sym_node(a)
+
     def arg(self, a):
         """Map one op argument (a leaf, or a list/tuple of leaves) to its graph form."""
         t = type(a)
@@ -304,6 +352,7 @@ class ProxyTracker:
         gets its own `getitem` node, in order, like torch's tracer)."""
         if isinstance(out, Tensor):
             self.track_tensor(out, node, constant)
+            set_tensor_meta(node, out)
         elif isinstance(out, SYM_TYPES):
             self.set_sym(out, node)
         elif isinstance(out, (tuple, list)):
