@@ -552,6 +552,7 @@ _KWARGS_OK: dict[Any, frozenset | None] = {
     zip: frozenset({"strict"}), min: frozenset({"key", "default"}),
     max: frozenset({"key", "default"}), dict: None, int: frozenset({"base"}),
     str: frozenset({"object", "encoding", "errors"}), collections.OrderedDict: None,
+    collections.defaultdict: None, collections.Counter: None,
     functools.partial: None, operator.methodcaller: None,
     **itertools_vars.KWARGS_OK,
 }
