@@ -18,6 +18,7 @@ and remember it, so the frame is not traced again for inputs like these), and th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -103,6 +104,17 @@ def is_skipped_file(filename: str) -> bool:
     if filename.startswith(_skip_prefixes()):
         return True
     return filename.startswith(_stdlib_prefixes()) and "-packages" + os.sep not in filename
+
+
+def _is_stdlib_generated(code: CodeType) -> bool:
+    """Methods that `dataclasses` (`__init__`, `__eq__`, `__hash__`...) and
+    `collections.namedtuple` (`__new__`) generate with `exec`/`eval`: never a frame worth a
+    graph of its own (traced code that calls them inlines them), and torch's own dataclasses and
+    namedtuples run them by the thousand while it compiles (`torch.cond` in eager code)."""
+    if code.co_filename != "<string>":
+        return False
+    return code.co_qualname.startswith("__create_fn__.") or \
+        (code.co_name == "<lambda>" and code.co_names == ("_tuple_new",))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +310,24 @@ def _default_tracer():
     return trace_frame
 
 
+_set_hooks_tracing = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
+
+
+@contextlib.contextmanager
+def _saved_tensor_hooks_deferred():
+    """The user's `saved_tensors_hooks` (activation checkpointing, offloading) must see the
+    tensors autograd saves when the compiled graph RUNS, never the fake tensors that tracing
+    and backend compiles make: torch defers pack hooks while this flag is set."""
+    if _set_hooks_tracing is None:
+        yield
+        return
+    prior = _set_hooks_tracing(True)
+    try:
+        yield
+    finally:
+        _set_hooks_tracing(prior)
+
+
 class FrameCallback:
     """The thread's frame callback for one `ferrodyn.compile` call (one backend, one fullgraph
     setting). `tracer` is `trace_frame` unless a test supplies another."""
@@ -313,6 +343,7 @@ class FrameCallback:
     def __call__(self, frame) -> Any:
         code = frame.f_code
         if code.co_flags & _NO_TRACE_FLAGS or code.co_name in _ATTRIBUTE_HOOKS or \
+                _is_stdlib_generated(code) or \
                 (is_skipped_file(code.co_filename) and code not in _ALWAYS_TRACE):
             _C.skip_code(code)
             return None
@@ -320,7 +351,8 @@ class FrameCallback:
         if not lock.acquire(blocking=False):
             return None  # another thread compiles this code right now: run this frame eagerly
         try:
-            return self.convert(frame)
+            with _saved_tensor_hooks_deferred():
+                return self.convert(frame)
         finally:
             lock.release()
 
