@@ -397,7 +397,7 @@ impl<'py> InterceptedFrame<'py> {
     /// that run in this one's place).
     pub fn thread_traced(&self) -> bool {
         // SAFETY: the thread state the hook was given, live, GIL held.
-        unsafe { version::thread_traced(self.tstate) }
+        unsafe { thread_traced(self.tstate) }
     }
 
     /// `graph(*args)[out]`, each argument one of the frame's argument slots or one of
@@ -469,11 +469,36 @@ pub fn debug_counters() -> Vec<(&'static str, u64)> {
 /// Whether the current thread has a trace or profile function, read through the mirror.
 pub fn debug_thread_traced(_py: Python<'_>) -> bool {
     // SAFETY: GIL held; the current thread state is live.
-    unsafe { version::thread_traced(ffi::PyThreadState_Get()) }
+    unsafe { thread_traced(ffi::PyThreadState_Get()) }
 }
 
 /// `(thread_id, native_thread_id)` of the current thread state read through the mirror.
 pub fn debug_thread_ids(_py: Python<'_>) -> Option<(u64, u64)> {
     // SAFETY: GIL held; the current thread state is live.
-    unsafe { version::thread_ids(ffi::PyThreadState_Get()) }
+    unsafe { thread_ids(ffi::PyThreadState_Get()) }
+}
+
+/// Whether a trace or profile function (`sys.settrace` / `sys.setprofile`) is set on the
+/// thread, read through the minor's `ThreadStateHead` mirror (`version::ThreadStateHead`:
+/// every minor names the two fields alike).
+///
+/// # Safety
+/// `ts` is the current thread state, GIL held.
+#[inline]
+pub unsafe fn thread_traced(ts: *mut ffi::PyThreadState) -> bool {
+    let ts = ts as *mut version::ThreadStateHead;
+    !(*ts).c_tracefunc.is_null() || !(*ts).c_profilefunc.is_null()
+}
+
+/// `(thread_id, native_thread_id)` read through the mirror, for the layout test.
+///
+/// # Safety
+/// `ts` is the current thread state, GIL held.
+#[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
+unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
+    let ts = ts as *mut version::ThreadStateHead;
+    Some((
+        u64::from((*ts).thread_id),
+        u64::from((*ts).native_thread_id),
+    ))
 }

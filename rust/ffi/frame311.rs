@@ -125,7 +125,7 @@ pub fn chunk_pops() -> u64 {
 }
 
 /// Mirror of the head of `struct _ts` (PyThreadState), Include/cpython/pystate.h (3.11.7),
-/// up to `native_thread_id`: [`thread_traced`] reads the trace fields. Verified by
+/// up to `native_thread_id`: [`super::frame::thread_traced`] reads the trace fields. Verified by
 /// tests/test_ffi_layout.py (`sys.settrace` / `sys.setprofile` seen through it, and the thread
 /// ids against `threading`).
 #[repr(C)]
@@ -154,28 +154,4 @@ pub struct ThreadStateHead {
     pub async_exc: *mut ffi::PyObject,
     pub thread_id: std::os::raw::c_ulong,
     pub native_thread_id: std::os::raw::c_ulong,
-}
-
-/// Whether a trace or profile function (`sys.settrace` / `sys.setprofile`) is set on the
-/// thread.
-///
-/// # Safety
-/// `ts` is the current thread state, GIL held.
-#[inline]
-pub unsafe fn thread_traced(ts: *mut ffi::PyThreadState) -> bool {
-    let ts = ts as *mut ThreadStateHead;
-    !(*ts).c_tracefunc.is_null() || !(*ts).c_profilefunc.is_null()
-}
-
-/// `(thread_id, native_thread_id)` read through the mirror, for the layout test.
-///
-/// # Safety
-/// `ts` is the current thread state, GIL held.
-#[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
-pub unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
-    let ts = ts as *mut ThreadStateHead;
-    Some((
-        u64::from((*ts).thread_id),
-        u64::from((*ts).native_thread_id),
-    ))
 }

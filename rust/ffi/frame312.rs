@@ -192,28 +192,3 @@ pub unsafe fn finish_replaced_frame(ts: *mut ffi::PyThreadState, f: *mut Interpr
 pub fn chunk_pops() -> u64 {
     datastack::chunk_pops()
 }
-
-/// Whether a trace or profile function (`sys.settrace` / `sys.setprofile`) is set on the
-/// thread.
-///
-/// # Safety
-/// `ts` is the current thread state, GIL held.
-#[inline]
-pub unsafe fn thread_traced(ts: *mut ffi::PyThreadState) -> bool {
-    let ts = ts as *mut ThreadStateHead;
-    !(*ts).c_tracefunc.is_null() || !(*ts).c_profilefunc.is_null()
-}
-
-/// `(thread_id, native_thread_id)` read through the mirror, for the layout test.
-///
-/// # Safety
-/// `f` / `ts` / `c` point at the live frame, thread state or code the hook was given,
-/// with the GIL held.
-#[allow(clippy::useless_conversion)] // c_ulong is u64 on the supported platforms
-pub unsafe fn thread_ids(ts: *mut ffi::PyThreadState) -> Option<(u64, u64)> {
-    let ts = ts as *mut ThreadStateHead;
-    Some((
-        u64::from((*ts).thread_id),
-        u64::from((*ts).native_thread_id),
-    ))
-}

@@ -132,7 +132,7 @@ pub fn plain_function_parts<'a, 'py>(
 /// Whether the current thread has a trace or profile function set.
 pub fn current_thread_traced(_py: Python<'_>) -> bool {
     // SAFETY: GIL held; the current thread state is live.
-    unsafe { version::thread_traced(ffi::PyThreadState_Get()) }
+    unsafe { super::frame::thread_traced(ffi::PyThreadState_Get()) }
 }
 
 /// `graph(*args)[out]`, each argument one of `slots` or one of `exports`, by vectorcall from

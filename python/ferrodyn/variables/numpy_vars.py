@@ -210,8 +210,9 @@ class NdarrayMethodVariable(VariableTracker):
 
 
 @dataclass(frozen=True, eq=False)
-class NumpyConstVariable(VariableTracker):
-    """A numpy value known at trace time: a numpy scalar, a dtype, a finfo/iinfo."""
+class _NumpyValueVariable(VariableTracker):
+    """A numpy object known at trace time and rebuilt as that same object: what numpy
+    constants and numpy callables share."""
 
     value: Any = None
 
@@ -224,6 +225,18 @@ class NumpyConstVariable(VariableTracker):
     def identity(self) -> Any:
         return ("obj", id(self.value))
 
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutConst
+        return OutConst(self.value)
+
+
+@dataclass(frozen=True, eq=False)
+class NumpyConstVariable(_NumpyValueVariable):
+    """A numpy value known at trace time: a numpy scalar, a dtype, a finfo/iinfo."""
+
     def describe(self) -> str:
         return f"numpy constant {self.value!r}"
 
@@ -233,19 +246,12 @@ class NumpyConstVariable(VariableTracker):
             return _FoldedMethodVariable(obj=self.value, name=name)
         return wrap_numpy_constant(attr, f"attribute {name!r}")
 
-    def has_attr(self, tx, name):
-        return hasattr(self.value, name)
-
     def truth(self, tx):
         return bool(_run_eager(lambda: bool(self.value), "bool()"))
 
     def fx_arg(self, tx):
         unsupported(f"{self.describe()} as an argument of a torch op",
                     BreakReason.UNSUPPORTED_TYPE)
-
-    def reconstruct(self, tx):
-        from ferrodyn.trace_result import OutConst
-        return OutConst(self.value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -305,19 +311,8 @@ _REFUSED_METHODS = {
 
 
 @dataclass(frozen=True, eq=False)
-class NumpyFunctionVariable(VariableTracker):
+class NumpyFunctionVariable(_NumpyValueVariable):
     """A numpy callable: a function, a ufunc, a scalar type (`np.float32`), `np.dtype`."""
-
-    value: Any = None
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def as_python_constant(self) -> Any:
-        return self.value
-
-    def identity(self) -> Any:
-        return ("obj", id(self.value))
 
     def describe(self) -> str:
         return f"numpy {getattr(self.value, '__name__', self.value)}"
@@ -326,13 +321,6 @@ class NumpyFunctionVariable(VariableTracker):
         attr = _run_eager(lambda: getattr(self.value, name), f"attribute {name!r}")
         from ferrodyn.variables.builder import build_unsourced
         return build_unsourced(attr)
-
-    def has_attr(self, tx, name):
-        return hasattr(self.value, name)
-
-    def reconstruct(self, tx):
-        from ferrodyn.trace_result import OutConst
-        return OutConst(self.value)
 
     def call_function(self, tx, args, kwargs):
         return call_numpy_function(tx, self.value, args, kwargs)
@@ -422,7 +410,7 @@ class _Args:
             return v.node, ex, oracle
         if isinstance(v, NumpyConstVariable) and isinstance(v.value, np.generic):
             return self._scalar_input(v.value)
-        if isinstance(v, (NumpyConstVariable, NumpyFunctionVariable)):
+        if isinstance(v, _NumpyValueVariable):
             val = v.value
             if isinstance(val, np.dtype) or isinstance(val, type) and issubclass(val, np.generic):
                 dt = np.dtype(val)
