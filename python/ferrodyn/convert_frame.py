@@ -249,10 +249,29 @@ def graph_is_closed(gm: torch.fx.GraphModule) -> bool:
         if n.op == "call_module":
             return False
         if n.op == "call_function":
+            if _is_open_operator(n.target):
+                return False
             code = getattr(n.target, "__code__", None)
             if code is not None and not is_skipped_file(code.co_filename):
                 return False
     return True
+
+
+# Operator namespaces whose kernels are torch's own C++ (or torch's Python decompositions).
+_CLOSED_OP_NAMESPACES = frozenset({"aten", "prims"})
+
+
+def _is_open_operator(target: Any) -> bool:
+    """A dispatcher operator that may run user Python when called: a custom op
+    (`torch.library.custom_op`, `torch.library.impl` in a user namespace: its implementation is
+    the user's function) or a higher-order operator (it calls its subgraphs and bodies)."""
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return target.namespace not in _CLOSED_OP_NAMESPACES
+    if isinstance(target, torch._ops.OpOverloadPacket):  # `qualified name` is 'ns::op'
+        return target._qualified_op_name.split("::")[0] not in _CLOSED_OP_NAMESPACES
+    return False
 
 
 def _is_fx_forward(fn: Any, gm: torch.fx.GraphModule) -> bool:
