@@ -361,7 +361,8 @@ def call_numpy_function(tx, fn: Any, args, kwargs) -> VariableTracker:
         unsupported(f"np.random.{name}: numpy's global random state is not traced",
                     BreakReason.UNSUPPORTED_CALL)
     all_const = all(a.is_python_constant() for a in [*args, *kwargs.values()])
-    if all_const and (fn in _FOLDABLE or isinstance(fn, type) and issubclass(fn, np.generic)):
+    if all_const and (fn in _FOLDABLE or isinstance(fn, type) and issubclass(fn, np.generic)
+                      or isinstance(fn, np.ufunc) and _scalar_constants(args, kwargs)):
         pos, kw = _constant_args(args, kwargs, name)
         return wrap_numpy_constant(_run_eager(lambda: fn(*pos, **kw), f"np.{name}"), f"np.{name}")
     if isinstance(fn, type) and not issubclass(fn, np.generic):
@@ -372,6 +373,15 @@ def call_numpy_function(tx, fn: Any, args, kwargs) -> VariableTracker:
     if target is None:
         unsupported(f"np.{name}: no torch._numpy equivalent", BreakReason.UNSUPPORTED_CALL)
     return numpy_op(tx, NumpyCall(target, name), args, kwargs, fn, f"np.{name}")
+
+
+def _scalar_constants(args, kwargs) -> bool:
+    """Every argument a number or a numpy scalar: a ufunc on them returns a numpy scalar that
+    numpy computes once at trace time, exactly (`np.sqrt(self.d_model)`), instead of a 0-d
+    array traced through torch._numpy (which a tensor op then refuses)."""
+    scalar = (bool, int, float, complex, np.generic)
+    return "out" not in kwargs and all(
+        isinstance(v.as_python_constant(), scalar) for v in [*args, *kwargs.values()])
 
 
 # ---- recording one numpy operation ------------------------------------------------------------
@@ -616,6 +626,22 @@ def torch_from_numpy(tx, args, kwargs) -> VariableTracker:
     return TensorVariable(node=node, example=fake)
 
 
+def torch_number(value: Any, what: str) -> Any:
+    """The Python number torch's argument parser reads a numpy scalar as, when a tensor
+    operator gets one: numpy integers through `__index__` (an int), `np.complex128` as the
+    Python complex it subclasses, every other numpy scalar through `__float__` (`np.bool_`
+    and `np.float32` too: `int_tensor * np.bool_(True)` is float in eager). numpy's other
+    complex scalars (`__float__` drops the imaginary part with a ComplexWarning) are refused."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, complex):
+        return complex(value)
+    if isinstance(value, np.complexfloating) or not isinstance(value, np.generic):
+        unsupported(f"{what} with a numpy {type(value).__name__} and a tensor",
+                    BreakReason.UNSUPPORTED_TYPE)
+    return float(value)
+
+
 def _is_numpy_operand(v) -> bool:
     return isinstance(v, NdarrayVariable) or \
         isinstance(v, NumpyConstVariable) and isinstance(v.value, np.generic)
@@ -637,15 +663,16 @@ def numpy_operator(tx, fn: Callable, *operands) -> VariableTracker | None:
     if not any(_is_numpy_operand(v) for v in operands):
         return None
     a = operands[0]
-    if fn in _INPLACE_BASE and not (isinstance(a, NdarrayVariable) and not a.scalar):
+    if fn in _INPLACE_BASE and (isinstance(a, NumpyConstVariable) or
+                                isinstance(a, NdarrayVariable) and a.scalar):
         fn = _INPLACE_BASE[fn]  # numpy scalars have no in-place methods: `s += 1` rebinds
     what = f"operator {fn.__name__}"
     if any(isinstance(v, TensorVariable) for v in operands):
         if any(isinstance(v, NdarrayVariable) for v in operands):
             unsupported(f"{what} between a tensor and an ndarray", BreakReason.UNSUPPORTED_TYPE)
-        # a known numpy scalar with a tensor: torch takes it as a Python number
-        args = [ConstantVariable(value=v.value.item()) if isinstance(v, NumpyConstVariable)
-                else v for v in operands]
+        # a known numpy scalar with a tensor (`t *= s` stays in place on the tensor)
+        args = [ConstantVariable(value=torch_number(v.value, what))
+                if isinstance(v, NumpyConstVariable) else v for v in operands]
         return record_op(tx, "call_function", fn, args, {})
     if all(v.is_python_constant() for v in operands):
         vals = [v.as_python_constant() for v in operands]
