@@ -36,6 +36,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ferrodyn import symbolic_shapes
+from ferrodyn.proxy_dispatch import fake_cache
 from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, make_mode
 from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker, set_tensor_meta
 
@@ -157,7 +158,9 @@ class _Trace:
 
         mode = detect_fake_mode(flat)
         if mode is None:
-            return symbolic_shapes.new_fake_mode(self.tracing_mode)
+            mode = symbolic_shapes.new_fake_mode(self.tracing_mode)
+            fake_cache.install(mode)  # its ShapeEnv is this trace's own
+            return mode
         if self.tracing_mode == "symbolic" and mode.shape_env is None:
             raise ValueError("make_fx(tracing_mode='symbolic'): the inputs' FakeTensorMode has no ShapeEnv")
         return mode
