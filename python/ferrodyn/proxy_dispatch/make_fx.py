@@ -214,7 +214,7 @@ class _Trace:
                 tracker.track_tensor(x, node)
                 tracker.lazy = True  # symbolic arithmetic of the memory-format checks: lazy
                 try:
-                    set_tensor_meta(node, x)
+                    set_tensor_meta(node, x, tracker.format_memo)
                 finally:
                     tracker.lazy = False
             elif isinstance(x, SYM_TYPES):
