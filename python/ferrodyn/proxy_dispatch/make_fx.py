@@ -13,7 +13,8 @@ the one implementation shared with ferrodyn.compile(dynamic=True).
 
     make_fx(fn, ...)(*args)
       └─ _Trace.run
-           ├─ check fn and args; build the fake mode (fake/symbolic) and fakify the inputs
+           ├─ check fn and args; build the fake mode (fake/symbolic; its ShapeEnv-cache entries
+           │  are checked at first use, fake_cache.py) and fakify the inputs
            ├─ placeholders, tracked inputs
            ├─ enter modes (fake, python dispatcher, proxy) ─► fn(*inputs) ─► exit modes (always)
            ├─ snapshot the values autograd marked or made views (tracker.finish_vals)

@@ -14,7 +14,9 @@ live traced value to the fx node that produces it:
 
 Also owns the example values stored in `node.meta["val"]` (as torch's make_fx records them:
 detached, non-view FakeTensors describing the value when it was produced; no value for a plain
-number result) and `node.meta["tensor_meta"]` (`set_tensor_meta`). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
+number result) and `node.meta["tensor_meta"]` (`set_tensor_meta`; the memory formats of symbolic
+tensors are memoised per trace in `format_memo`, only for checks that left the ShapeEnv as it
+was). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
 """
 
 from __future__ import annotations
