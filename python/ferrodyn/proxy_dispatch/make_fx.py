@@ -13,7 +13,8 @@ the one implementation shared with ferrodyn.compile(dynamic=True).
 
     make_fx(fn, ...)(*args)
       └─ _Trace.run
-           ├─ check fn and args; build the fake mode (fake/symbolic) and fakify the inputs
+           ├─ check fn and args; build the fake mode (fake/symbolic; its ShapeEnv-cache entries
+           │  are checked at first use, fake_cache.py) and fakify the inputs
            ├─ placeholders, tracked inputs
            ├─ enter modes (fake, python dispatcher, proxy) ─► fn(*inputs) ─► exit modes (always)
            ├─ snapshot the values autograd marked or made views (tracker.finish_vals)
@@ -36,6 +37,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ferrodyn import symbolic_shapes
+from ferrodyn.proxy_dispatch import fake_cache
 from ferrodyn.proxy_dispatch.mode import PreDispatchFunctionMode, make_mode
 from ferrodyn.proxy_dispatch.tracker import SYM_TYPES, ProxyTracker, set_tensor_meta
 
@@ -157,7 +159,9 @@ class _Trace:
 
         mode = detect_fake_mode(flat)
         if mode is None:
-            return symbolic_shapes.new_fake_mode(self.tracing_mode)
+            mode = symbolic_shapes.new_fake_mode(self.tracing_mode)
+            fake_cache.install(mode)  # its ShapeEnv is this trace's own
+            return mode
         if self.tracing_mode == "symbolic" and mode.shape_env is None:
             raise ValueError("make_fx(tracing_mode='symbolic'): the inputs' FakeTensorMode has no ShapeEnv")
         return mode
@@ -211,7 +215,7 @@ class _Trace:
                 tracker.track_tensor(x, node)
                 tracker.lazy = True  # symbolic arithmetic of the memory-format checks: lazy
                 try:
-                    set_tensor_meta(node, x)
+                    set_tensor_meta(node, x, tracker.format_memo)
                 finally:
                     tracker.lazy = False
             elif isinstance(x, SYM_TYPES):

@@ -14,7 +14,9 @@ live traced value to the fx node that produces it:
 
 Also owns the example values stored in `node.meta["val"]` (as torch's make_fx records them:
 detached, non-view FakeTensors describing the value when it was produced; no value for a plain
-number result) and `node.meta["tensor_meta"]` (`set_tensor_meta`). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
+number result) and `node.meta["tensor_meta"]` (`set_tensor_meta`; the memory formats of symbolic
+tensors are memoised per trace in `format_memo`, only for checks that left the ShapeEnv as it
+was). Does not own dispatch (mode.py) nor the entry point (make_fx.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.fx as fx
 from torch import SymBool, SymFloat, SymInt, Tensor
 from torch._subclasses.fake_impls import fast_detach
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.sym_node import SymNode as _SymNode
 from torch.fx.passes.shape_prop import TensorMetadata, _extract_tensor_metadata
 
 from ferrodyn.weak import WeakIdKeyDictionary, WeakTensorKeyDictionary
@@ -40,12 +43,14 @@ _SYM_NUMEL = _aten.sym_numel.default
 _SYM_STORAGE_OFFSET = _aten.sym_storage_offset.default
 
 
-def set_tensor_meta(node: fx.Node, t: Tensor) -> None:
+def set_tensor_meta(node: fx.Node, t: Tensor, memo: dict | None = None) -> None:
     """`node.meta["tensor_meta"]` for tensor value `t`, as torch's tracer records it right after
     tracking each tensor it produces (a placeholder, an op's output): computed from the live
     value (its memory-format checks may add guards to the ShapeEnv, as in torch); none for a
     real sparse tensor. A dense tensor with static sizes and strides takes its memory format
-    from `_MEMORY_FORMATS` (torch's checks are a pure function of those ints)."""
+    from `_MEMORY_FORMATS` (torch's checks are a pure function of those ints); one with
+    symbolic sizes or strides from `memo` (the trace's, see `_symbolic_format_key`) when the
+    same checks ran before in the same ShapeEnv state and changed nothing."""
     if type(t) is not FakeTensor and t.is_sparse:
         return
     if t.layout is torch.strided and not t.is_quantized:
@@ -62,7 +67,57 @@ def set_tensor_meta(node: fx.Node, t: Tensor) -> None:
                 shape, t.dtype, t.requires_grad, stride, fmt, False, {}
             )
             return
+        if memo is not None and type(t) is FakeTensor:
+            env = t.fake_mode.shape_env
+            key = _symbolic_format_key(env, shape, stride, t.numel())
+            if key is not None:
+                fmt = memo.get(key, _UNKNOWN)
+                if fmt is not _UNKNOWN:
+                    node.meta["tensor_meta"] = TensorMetadata(
+                        shape, t.dtype, t.requires_grad, stride, fmt, False, {}
+                    )
+                    return
+                meta = _extract_tensor_metadata(t)
+                if _shape_env_state(env) == key[0]:  # the checks guarded nothing
+                    memo[key] = meta.memory_format
+                node.meta["tensor_meta"] = meta
+                return
     node.meta["tensor_meta"] = _extract_tensor_metadata(t)
+
+
+def _shape_env_state(env) -> tuple:
+    """What torch's symbolic evaluation reads from a ShapeEnv that can change during a trace,
+    summarised: a new guard, replacement, divisibility fact, runtime assert or symbol (with its
+    range) changes one of these counts; `_version_counter` is torch's own summary."""
+    return (
+        len(env.guards), len(env.replacements), env._replacements_version_counter,
+        len(env.divisible), env.num_deferred_runtime_asserts, len(env.var_to_range),
+        len(env.axioms), env._version_counter,
+    )
+
+
+def _symbolic_format_key(env, shape, stride, numel):
+    """The memo key of torch's memory-format checks on a dense FakeTensor with symbolic sizes or
+    strides: the ShapeEnv state, and each size, stride and the numel as an int or as the
+    (unreplaced expression, hint) of its SymNode. The checks read nothing else: they evaluate
+    relations of those expressions statically (a function of the expressions and the ShapeEnv
+    state) or, where that fails, from the hints (with a guard, which changes the state, so such
+    a result is never memoised; or, with guards suppressed, from the hints alone). None when a
+    value is not a plain SymInt of `env`."""
+    if env is None:
+        return None
+    parts = []
+    for v in (*shape, *stride, numel):
+        if type(v) is int:
+            parts.append(v)
+        elif type(v) is SymInt:
+            n = v.node
+            if type(n) is not _SymNode or n.shape_env is not env or n.constant is not None:
+                return None
+            parts.append((n._expr, n._hint))
+        else:
+            return None
+    return (_shape_env_state(env), len(shape), tuple(parts))
 
 
 _MEMORY_FORMATS: dict = {}  # (sizes, strides) -> memory format, for dense static tensors
@@ -119,6 +174,8 @@ class ProxyTracker:
         # fake mode is converted once, and the fake is kept (the converter's own memo holds
         # fakes weakly, so without this each op converted it again)
         self._fakes: dict[int, tuple[Tensor, FakeTensor]] = {}
+        # memory formats of symbolic tensors, see set_tensor_meta (None: not symbolic)
+        self.format_memo: dict | None = {} if self.track_syms else None
 
     # -- example values ---------------------------------------------------------------------
     def example_value(self, val):
@@ -352,7 +409,7 @@ class ProxyTracker:
         gets its own `getitem` node, in order, like torch's tracer)."""
         if isinstance(out, Tensor):
             self.track_tensor(out, node, constant)
-            set_tensor_meta(node, out)
+            set_tensor_meta(node, out, self.format_memo)
         elif isinstance(out, SYM_TYPES):
             self.set_sym(out, node)
         elif isinstance(out, (tuple, list)):
@@ -371,6 +428,8 @@ class ProxyTracker:
         self.symbols.clear()
         self._raw_vals.clear()
         self._fakes.clear()
+        if self.format_memo is not None:
+            self.format_memo.clear()
 
 
 _VAL_MODE = None
