@@ -345,3 +345,61 @@ def test_cond_getitem_outputs_are_read():
     cb = check(_cond_fn, _xy, grads=False)
     g = cb.graphs[0]
     assert any(n.target is operator.getitem for n in g.graph.nodes)
+
+
+FLAG = True
+
+
+def test_checkpoint_guards_recompile_on_global_constant_read_in_body():
+    global FLAG
+
+    def inner(t):
+        return t.sin() if FLAG else t.cos()
+
+    def fn(x, y):
+        return checkpoint(inner, x, use_reentrant=False) + y
+
+    cb = CountingBackend()
+    cf = ferrodyn.compile(fn, backend=cb)
+    x, y = _xy()
+    try:
+        for flag in (True, False, True):
+            FLAG = flag
+            torch.testing.assert_close(cf(x, y), fn(x, y))
+        assert cb.count == 2
+        assert hop_targets(cb) == [TAG_AC, TAG_AC]
+    finally:
+        FLAG = True
+
+
+def test_checkpoint_refuses_aten_random_op_and_print():
+    def noisy(t):
+        print("in body")
+        return t.sin()
+
+    def rnd(t):
+        return torch.ops.aten.bernoulli(t.sigmoid()) * t
+
+    for body_fn in (noisy, rnd):
+        def fn(x, y):
+            return checkpoint(body_fn, x, use_reentrant=False) + y
+
+        cb = CountingBackend()
+        x, y = _xy()
+        torch.manual_seed(3)
+        eager = fn(x, y)
+        torch.manual_seed(3)
+        torch.testing.assert_close(ferrodyn.compile(fn, backend=cb)(x, y), eager)
+        assert TAG_AC not in hop_targets(cb)
+        ferrodyn.reset()
+
+
+def test_checkpoint_fullgraph_refusal_names_the_body():
+    def fn(x, y):
+        def inner(t):
+            log.append(t)
+            return t.sin()
+        return checkpoint(inner, x, use_reentrant=False)
+
+    with pytest.raises(ferrodyn.Unsupported, match="checkpoint body"):
+        ferrodyn.compile(fn, backend=CountingBackend(), fullgraph=True)(*_xy())

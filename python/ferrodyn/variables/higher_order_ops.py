@@ -64,6 +64,9 @@ _RANDOM_FUNCTIONS = frozenset({
     "gumbel_softmax", "native_dropout", "dropout", "dropout1d", "dropout2d", "dropout3d",
     "alpha_dropout", "feature_alpha_dropout", "dropout_", "alpha_dropout_",
     "feature_alpha_dropout_", "feature_dropout", "feature_dropout_",
+    # torch.nn.init
+    "uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_",
+    "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
 })
 _RANDOM_METHODS = frozenset({
     "uniform_", "normal_", "bernoulli_", "bernoulli", "random_", "exponential_", "geometric_",
@@ -81,8 +84,19 @@ def _const(tx, v, what: str) -> Any:
 def _dropout_inactive(node: torch.fx.Node) -> bool:
     """F.dropout(x, p, training, inplace) with training False or p == 0 draws nothing."""
     p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
-    training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+    training = node.kwargs.get("training", node.kwargs.get(
+        "train", node.args[2] if len(node.args) > 2 else True))
     return training is False or (type(p) in (int, float) and p == 0)
+
+
+def _seeded_op(target) -> bool:
+    """An aten op tagged nondeterministic_seeded (any overload of a packet)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(torch.Tag.nondeterministic_seeded in getattr(target, o).tags
+                   for o in target.overloads())
+    return False
 
 
 def _draws_random(gm: torch.fx.GraphModule) -> bool:
@@ -97,6 +111,8 @@ def _draws_random(gm: torch.fx.GraphModule) -> bool:
             if not (type(p) in (int, float) and p == 0):
                 return True
             continue
+        if _seeded_op(target):
+            return True
         name = getattr(target, "__name__", "")
         if name in _RANDOM_FUNCTIONS and not (
                 "dropout" in name and _dropout_inactive(node)):
