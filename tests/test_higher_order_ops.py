@@ -403,3 +403,42 @@ def test_checkpoint_fullgraph_refusal_names_the_body():
 
     with pytest.raises(ferrodyn.Unsupported, match="checkpoint body"):
         ferrodyn.compile(fn, backend=CountingBackend(), fullgraph=True)(*_xy())
+
+
+# ---- while_loop, map ------------------------------------------------------------------------------
+
+WHILE = torch.ops.higher_order.while_loop
+MAP = torch.ops.higher_order.map_impl
+
+
+def test_while_loop_values_and_node():
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def fn(it, x):
+        return while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a * w + 1), (it, x))
+
+    cb = check(fn, lambda: (torch.tensor(0), torch.randn(4)), grads=False)
+    assert hop_targets(cb) == [WHILE]
+    node = next(n for n in cb.graphs[0].graph.nodes if n.target is WHILE)
+    cond_gm, body_gm = (getattr(cb.graphs[0], a.target) for a in node.args[:2])
+    n_in = len(node.args[2]) + len(node.args[3])
+    for gm in (cond_gm, body_gm):
+        assert len([n for n in gm.graph.nodes if n.op == "placeholder"]) == n_in
+    # the loop runs a data-dependent number of times at run time
+    cf = ferrodyn.compile(fn, backend=CountingBackend())
+    for start in (0, 2, 5):
+        x = torch.randn(4)
+        for a, b in zip(cf(torch.tensor(start), x), fn(torch.tensor(start), x)):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("inner", ["eager", "aot_eager"])
+def test_map_values_grads_and_node(inner):
+    from torch._higher_order_ops.map import map as hop_map
+
+    def fn(xs, y):
+        return hop_map(lambda x, b: (x * b + w).sin(), xs, y)
+
+    cb = check(fn, lambda: (torch.randn(3, 4, requires_grad=True),
+                            torch.randn(4, requires_grad=True)), inner=inner)
+    assert hop_targets(cb) == [MAP]

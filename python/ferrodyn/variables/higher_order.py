@@ -106,6 +106,16 @@ class SubgraphOutput(OutputGraph):
             self._lift_of[outer] = ph
         return ph
 
+    def own_input(self, example: torch.Tensor, name: str) -> TensorVariable:
+        """A placeholder of the body's own (a loop-carried value, a slice of a mapped tensor):
+        before any lifted one; `example` is a fresh fake tensor of this graph."""
+        if self.lifted:
+            raise AssertionError("own inputs come before lifted ones")
+        ph = self.graph.placeholder(_safe_name(name, self._name_counts))
+        ph.meta["example_value"] = example
+        self._placeholders.append(ph)
+        return TensorVariable(node=ph, example=example, cls=torch.Tensor)
+
     def add_graph_input(self, source, value):
         """A tensor first read inside the body: an input of the parent, lifted."""
         node, fake = _existing_input(self.parent, source)
@@ -219,7 +229,7 @@ class Subgraph:
     index `("t", i)`, a constant `("c", value)`, or `(tuple|list, [specs])`)."""
 
     module: torch.fx.GraphModule
-    lifted: list[torch.fx.Node]
+    lifted: list[torch.fx.Node]      # after the body's own inputs (`stand_ins`)
     examples: list[Any]
     spec: Any
     output: SubgraphOutput
@@ -241,9 +251,20 @@ def _output_spec(tx, what: str, value: VariableTracker, outs: list, placeholders
                 f"those are captured)", BreakReason.UNSUPPORTED_TYPE)
 
 
-def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: str) -> Subgraph:
-    """Trace `fn(*args, **kwargs)` into a child graph of `tx.output`; raises Unsupported at
-    the caller's call when the body cannot be captured exactly."""
+def fresh_fake(tx, example: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor with `example`'s metadata (and requires_grad), no autograd history."""
+    def make():
+        t = example.detach().clone()
+        return t.requires_grad_(True) if example.requires_grad else t
+    return tx.output.run_fake(make)
+
+
+def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: str,
+                       stand_ins: tuple = (), bare_output: bool = False) -> Subgraph:
+    """Trace `fn(*own, *args, **kwargs)` into a child graph of `tx.output`, `own` being one
+    fresh placeholder per fake tensor of `stand_ins` (the body's own inputs, first); raises
+    Unsupported at the caller's call when the body cannot be captured exactly. `bare_output`:
+    a body returning one tensor outputs it alone (not a 1-tuple: while_loop's cond_fn)."""
     from ferrodyn.symbolic.translator import InstructionTranslator
     parent = tx.output
     table = parent.side_effects
@@ -253,8 +274,9 @@ def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: 
     before = _snapshot([fn, *args, *kwargs.values(), *_table_roots(table)])
     grad = torch.is_grad_enabled()
     try:
+        own = [child.own_input(ex, f"child_{i}") for i, ex in enumerate(stand_ins)]
         stx = InstructionTranslator(tx.code, tx.f_globals, child, {}, {}, tx.globals_source)
-        out = stx.realize(fn.call_function(stx, list(args), dict(kwargs)))
+        out = stx.realize(fn.call_function(stx, [*own, *args], dict(kwargs)))
         if len(table._log) != log:
             unsupported(f"{what} has side effects", BreakReason.SIDE_EFFECT)
         if _changed(before):
@@ -266,7 +288,10 @@ def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: 
             unsupported(f"{what} leaves grad mode changed", BreakReason.SIDE_EFFECT)
         outs: list[TensorVariable] = []
         spec = _output_spec(stx, what, out, outs, set(child._placeholders))
-        child.graph.output(tuple(o.node for o in outs))
+        if bare_output and spec == ("t", 0):
+            child.graph.output(outs[0].node)
+        else:
+            child.graph.output(tuple(o.node for o in outs))
         child.graph.lint()
         gm = child.module()
     except Unsupported as e:

@@ -33,6 +33,8 @@ from typing import Any, Callable
 import torch
 import torch.fx
 import torch.utils.checkpoint as _ckpt
+from torch._higher_order_ops.map import map as _map_fn
+from torch._higher_order_ops.while_loop import while_loop as _while_loop_fn
 
 from ferrodyn.exc import BreakReason, Unsupported
 from ferrodyn.variables.base import unsupported
@@ -45,6 +47,8 @@ from ferrodyn.variables.tensor import TensorVariable, wrap_graph_value
 
 _TAG_AC = torch.ops.higher_order.tag_activation_checkpoint
 _COND = torch.ops.higher_order.cond
+_WHILE = torch.ops.higher_order.while_loop
+_MAP = torch.ops.higher_order.map_impl
 
 # checkpoint's own keyword arguments and the values captured (anything else: refused)
 _CKPT_DEFAULTS: dict[str, Callable[[Any], bool]] = {
@@ -188,25 +192,36 @@ def _bind_cond(args, kwargs) -> dict:
     return bound
 
 
-def _align(sub, order: list[torch.fx.Node]) -> None:
-    """Give the body one placeholder per node of `order`, in that order."""
+def _align(sub, order: list[torch.fx.Node], n_own: int = 0) -> None:
+    """Give the body one placeholder per node of `order`, in that order, after its `n_own`
+    own inputs."""
     graph = sub.module.graph
-    have = dict(zip(sub.lifted, sub.output._placeholders))
-    first = next(iter(graph.nodes))
+    own = sub.output._placeholders[:n_own]
+    have = dict(zip(sub.lifted, sub.output._placeholders[n_own:]))
     for parent_node in order:
         if parent_node not in have:
-            with graph.inserting_before(first):
+            with graph.inserting_before(next(iter(graph.nodes))):
                 ph = graph.placeholder(f"{parent_node.name}_unused")
             ph.meta["example_value"] = parent_node.meta.get("example_value")
             have[parent_node] = ph
-    for parent_node in reversed(order):  # move each to the front: the order of `order`
-        ph = have[parent_node]
+    for ph in reversed([*own, *(have[p] for p in order)]):  # each to the front, in order
         first = next(iter(graph.nodes))
         if ph is not first:
             first.prepend(ph)
     graph.lint()
     sub.module.recompile()
     sub.lifted = list(order)
+
+
+def _run_op(tx, what: str, fn):
+    """The op run on fake tensors: its example value (the op checks its bodies agree)."""
+    try:
+        return tx.output.run_fake(fn)
+    except Unsupported:
+        raise
+    except Exception as e:
+        unsupported(f"{what} raised {type(e).__name__} on fake inputs: {e}",
+                    BreakReason.UNSUPPORTED_CALL)
 
 
 def _cond(tx, args, kwargs):
@@ -239,13 +254,7 @@ def _cond(tx, args, kwargs):
         inputs = tuple(n.meta["example_value"] for n in order)
         return _COND(pred.example, true.module, false.module, inputs)
 
-    try:
-        example = tx.output.run_fake(run)
-    except Unsupported:
-        raise
-    except Exception as e:
-        unsupported(f"{what} raised {type(e).__name__} on fake inputs: {e}",
-                    BreakReason.UNSUPPORTED_CALL)
+    example = _run_op(tx, what, run)
     examples = list(example) if isinstance(example, (tuple, list)) else [example]
     if len(examples) != len(true.examples):
         unsupported(f"{what}: unexpected outputs of the op", BreakReason.UNSUPPORTED_CALL)
@@ -256,8 +265,101 @@ def _cond(tx, args, kwargs):
     return rebuild_output(tx, true.spec, items)
 
 
+# ---- while_loop, map ------------------------------------------------------------------------------
+
+def _tensors(tx, what: str, seq) -> list[TensorVariable]:
+    seq = tx.realize(seq)
+    if type(seq) not in (TupleVariable, ListVariable):
+        unsupported(f"{what} with inputs that are not a tuple or list", BreakReason.UNSUPPORTED_CALL)
+    items = [tx.realize(i) for i in seq.unpack(tx)]
+    if not items or not all(isinstance(i, TensorVariable) for i in items):
+        unsupported(f"{what} with inputs that are not all tensors", BreakReason.UNSUPPORTED_TYPE)
+    return items
+
+
+def _while_loop(tx, args, kwargs):
+    what = "while_loop"
+    bound = dict(zip(("cond_fn", "body_fn", "carried_inputs"), args))
+    bound.update(kwargs)
+    if set(bound) != {"cond_fn", "body_fn", "carried_inputs"} or len(args) > 3:
+        unsupported(f"{what} with unexpected arguments", BreakReason.UNSUPPORTED_CALL)
+    carried = _tensors(tx, what, bound["carried_inputs"])
+    from ferrodyn.variables.higher_order import fresh_fake
+    stand = tuple(fresh_fake(tx, c.example) for c in carried)
+    cond = speculate_subgraph(tx, tx.realize(bound["cond_fn"]), [], {}, f"{what} cond_fn",
+                              stand_ins=stand, bare_output=True)
+    stand = tuple(fresh_fake(tx, c.example) for c in carried)
+    body = speculate_subgraph(tx, tx.realize(bound["body_fn"]), [], {}, f"{what} body_fn",
+                              stand_ins=stand)
+    if cond.spec != ("t", 0):
+        unsupported(f"{what} cond_fn returns no tensor", BreakReason.UNSUPPORTED_CALL)
+    if body.spec[0] not in (tuple, list) or len(body.spec[1]) != len(carried) or \
+            any(p[0] != "t" for p in body.spec[1]):
+        unsupported(f"{what} body_fn returns no tuple of {len(carried)} tensors",
+                    BreakReason.UNSUPPORTED_CALL)
+    order = list(dict.fromkeys([*cond.lifted, *body.lifted]))
+    _align(cond, order, len(carried))
+    _align(body, order, len(carried))
+
+    def run():
+        return _WHILE(cond.module, body.module, tuple(c.example for c in carried),
+                      tuple(n.meta["example_value"] for n in order))
+
+    examples = list(_run_op(tx, what, run))
+    get_c = install_subgraph(tx.output, "cond_fn", cond.module)
+    get_b = install_subgraph(tx.output, "body_fn", body.module)
+    carried_nodes = tuple(c.fx_arg(tx)[0] for c in carried)
+    items = _emit(tx, _WHILE, (get_c, get_b, carried_nodes, tuple(order)), {}, examples, what)
+    return rebuild_output(tx, (tuple, [("t", i) for i in range(len(items))]), items)
+
+
+def _map(tx, args, kwargs):
+    what = "torch._higher_order_ops.map"
+    if kwargs or len(args) < 2:
+        unsupported(f"{what} with keyword arguments", BreakReason.UNSUPPORTED_CALL)
+    fn, xs = tx.realize(args[0]), tx.realize(args[1])
+    xs_items = [xs] if isinstance(xs, TensorVariable) else _tensors(tx, what, xs)
+    if any(x.example.dim() == 0 for x in xs_items):
+        unsupported(f"{what} over a 0-d tensor", BreakReason.UNSUPPORTED_CALL)
+    extra = [tx.realize(a) for a in args[2:]]
+    if not all(isinstance(a, TensorVariable) for a in extra):
+        unsupported(f"{what} with non-tensor extra arguments", BreakReason.UNSUPPORTED_TYPE)
+    from ferrodyn.variables.higher_order import fresh_fake
+    stand = tuple(tx.output.run_fake(lambda x=x: fresh_fake(tx, x.example[0]))
+                  for x in xs_items)
+    if isinstance(xs, TensorVariable):
+        body = speculate_subgraph(tx, fn, extra, {}, f"{what} body", stand_ins=stand)
+    else:  # the body takes the tuple of slices
+        body = _map_tuple_body(tx, fn, extra, stand, what, type(xs))
+    if body.spec[0] == "c" or _has_const(body.spec):
+        unsupported(f"{what} body returns a constant", BreakReason.UNSUPPORTED_CALL)
+    xs_nodes = [x.fx_arg(tx)[0] for x in xs_items]
+
+    def run():
+        return _MAP(body.module, [x.example for x in xs_items],
+                    [n.meta["example_value"] for n in body.lifted])
+
+    examples = list(_run_op(tx, what, run))
+    get = install_subgraph(tx.output, "map_body", body.module)
+    items = _emit(tx, _MAP, (get, xs_nodes, list(body.lifted)), {}, examples, what)
+    return rebuild_output(tx, body.spec, items)
+
+
+def _has_const(spec) -> bool:
+    if spec[0] == "c":
+        return True
+    return spec[0] in (tuple, list) and any(_has_const(p) for p in spec[1])
+
+
+def _map_tuple_body(tx, fn, extra, stand, what, kind):
+    unsupported(f"{what} over a {kind.__name__} of tensors", BreakReason.UNSUPPORTED_CALL)
+
+
 HIGHER_ORDER_HANDLERS: dict[Any, Callable] = {
     _ckpt.checkpoint: _checkpoint,
     torch.cond: _cond,
     _COND: _cond,
+    _while_loop_fn: _while_loop,
+    _WHILE: _while_loop,
+    _map_fn: _map,
 }
