@@ -442,3 +442,23 @@ def test_map_values_grads_and_node(inner):
     cb = check(fn, lambda: (torch.randn(3, 4, requires_grad=True),
                             torch.randn(4, requires_grad=True)), inner=inner)
     assert hop_targets(cb) == [MAP]
+
+
+def test_checkpoint_refuses_returning_outer_tensor_or_one_tensor_twice():
+    def outer(x, y):
+        z = y * 2
+        a, b = checkpoint(lambda t: (t.sin(), z), x, use_reentrant=False)
+        return a + b, b is z
+
+    def twice(x, y):
+        a, b = checkpoint(lambda t: (t.sin(),) * 2, x, use_reentrant=False)
+        return a + b, a is b
+
+    for fn in (outer, twice):
+        cb = CountingBackend()
+        x, y = _xy()
+        (got, got_is), (exp, exp_is) = ferrodyn.compile(fn, backend=cb)(x, y), fn(x, y)
+        torch.testing.assert_close(got, exp)
+        assert got_is == exp_is
+        assert TAG_AC not in hop_targets(cb)
+        ferrodyn.reset()

@@ -235,18 +235,20 @@ class Subgraph:
     output: SubgraphOutput
 
 
-def _output_spec(tx, what: str, value: VariableTracker, outs: list, placeholders: set):
+def _output_spec(tx, what: str, value: VariableTracker, outs: list, child: SubgraphOutput):
     value = tx.realize(value)
     if isinstance(value, TensorVariable):
-        if value.node in placeholders:
+        if value.node.graph is not child.graph or value.node.op == "placeholder":
             unsupported(f"{what} returns one of its inputs unchanged", BreakReason.UNSUPPORTED_CALL)
+        if any(o.node is value.node for o in outs):
+            unsupported(f"{what} returns one tensor twice", BreakReason.UNSUPPORTED_CALL)
         outs.append(value)
         return ("t", len(outs) - 1)
     if isinstance(value, ConstantVariable) and type(value.value) in (type(None), int, float, bool):
         return ("c", value.value)
     if type(value) in (TupleVariable, ListVariable):
         kind = tuple if isinstance(value, TupleVariable) else list
-        return (kind, [_output_spec(tx, what, i, outs, placeholders) for i in value.unpack(tx)])
+        return (kind, [_output_spec(tx, what, i, outs, child) for i in value.unpack(tx)])
     unsupported(f"{what} returns {value.describe()} (only tensors, constants and tuples/lists of "
                 f"those are captured)", BreakReason.UNSUPPORTED_TYPE)
 
@@ -287,7 +289,7 @@ def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: 
         if torch.is_grad_enabled() != grad:
             unsupported(f"{what} leaves grad mode changed", BreakReason.SIDE_EFFECT)
         outs: list[TensorVariable] = []
-        spec = _output_spec(stx, what, out, outs, set(child._placeholders))
+        spec = _output_spec(stx, what, out, outs, child)
         if bare_output and spec == ("t", 0):
             child.graph.output(outs[0].node)
         else:

@@ -1,6 +1,7 @@
-"""Higher-order ops captured with a traced body: `torch.utils.checkpoint.checkpoint` as
-`torch.ops.higher_order.tag_activation_checkpoint` and `torch.cond` as
-`torch.ops.higher_order.cond`, the nodes torch.compile emits for them.
+"""Higher-order ops captured with traced bodies: `torch.utils.checkpoint.checkpoint` as
+`torch.ops.higher_order.tag_activation_checkpoint`, `torch.cond` as `torch.ops.higher_order.cond`,
+`torch._higher_order_ops.while_loop` as `while_loop` and `torch._higher_order_ops.map` as
+`map_impl`: the nodes torch.compile emits for them.
 
 checkpoint(fn, *args, use_reentrant=..., **fn_kwargs): `fn` is speculated (higher_order.py)
 into a GraphModule `wrap_body_<n>` installed on the outer graph; the node is
@@ -20,6 +21,14 @@ cond(pred, true_fn, false_fn, operands): a constant `pred` calls the branch it p
 placeholders (the operands and the union of what either lifts), and emits
 `cond(pred, get_attr cond_true_<n>, get_attr cond_false_<n>, (inputs...))`; the node's example
 value is the op run on fake tensors (which checks that the branches agree).
+
+while_loop(cond_fn, body_fn, carried): both bodies are traced over fresh placeholders for the
+carried tensors (the loop's own inputs, first) and share the union of what either lifts
+(`while_loop(get_attr cond_fn_<n>, get_attr body_fn_<n>, carried, lifted)`); cond_fn returns one
+tensor, body_fn a tuple of as many tensors as carried. map(f, xs, *args): `f` is traced over a
+fresh placeholder of one slice `xs[0]` and the extra tensors
+(`map_impl(get_attr map_body_<n>, [xs], [lifted])`); a tuple of mapped tensors is refused.
+Both take their example values from the op run on fake tensors.
 
 Owns `HIGHER_ORDER_HANDLERS` (merged into torch_fns.TORCH_HANDLERS). Does not own the
 speculation (higher_order.py) or recording plain torch calls (torch_fns.py).
@@ -327,10 +336,9 @@ def _map(tx, args, kwargs):
     from ferrodyn.variables.higher_order import fresh_fake
     stand = tuple(tx.output.run_fake(lambda x=x: fresh_fake(tx, x.example[0]))
                   for x in xs_items)
-    if isinstance(xs, TensorVariable):
-        body = speculate_subgraph(tx, fn, extra, {}, f"{what} body", stand_ins=stand)
-    else:  # the body takes the tuple of slices
-        body = _map_tuple_body(tx, fn, extra, stand, what, type(xs))
+    if not isinstance(xs, TensorVariable):  # the body would take a tuple of slices
+        unsupported(f"{what} over a {xs.describe()}", BreakReason.UNSUPPORTED_CALL)
+    body = speculate_subgraph(tx, fn, extra, {}, f"{what} body", stand_ins=stand)
     if body.spec[0] == "c" or _has_const(body.spec):
         unsupported(f"{what} body returns a constant", BreakReason.UNSUPPORTED_CALL)
     xs_nodes = [x.fx_arg(tx)[0] for x in xs_items]
@@ -349,10 +357,6 @@ def _has_const(spec) -> bool:
     if spec[0] == "c":
         return True
     return spec[0] in (tuple, list) and any(_has_const(p) for p in spec[1])
-
-
-def _map_tuple_body(tx, fn, extra, stand, what, kind):
-    unsupported(f"{what} over a {kind.__name__} of tensors", BreakReason.UNSUPPORTED_CALL)
 
 
 HIGHER_ORDER_HANDLERS: dict[Any, Callable] = {
