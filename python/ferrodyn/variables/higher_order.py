@@ -69,6 +69,7 @@ class SubgraphOutput(OutputGraph):
         self.shape_record = parent.shape_record
         self.bound_symbols = parent.bound_symbols
         self.dynamism = parent.dynamism
+        self._dynamic_dims = parent._dynamic_dims  # tensor guards of lifted inputs stay dynamic
         self.side_effects = parent.side_effects
         self.source_cache = _ChainedCache(parent.source_cache)
         self.lifted: list[torch.fx.Node] = []              # parent node of each placeholder
