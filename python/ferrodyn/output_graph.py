@@ -62,6 +62,8 @@ class OutputGraph:
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
         self.grad_at_start = torch.is_grad_enabled()  # the frame's (guarded) grad mode
+        # GraphModules of higher-order ops' bodies, reached by `get_attr` nodes (higher_order.py)
+        self.subgraphs: dict[str, torch.nn.Module] = {}
         # calls made for their effect only (`warnings.warn`), replayed by the entry after the
         # graph, in program order: (function, argument trackers, keyword names)
         self.install_guard(None, GuardKind.GLOBAL_STATE)
@@ -186,7 +188,10 @@ class OutputGraph:
             self.side_effects.tensor_sensitive = True
             self._refuse_ndarray_overlap()
         self._install_aliasing_guard()
-        gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        root = torch.nn.Module()
+        for name, sub in self.subgraphs.items():
+            root.add_module(name, sub)
+        gm = torch.fx.GraphModule(root, self.graph)
         gm.meta[symbolic_shapes.META_KEY] = self.shape_record
         return TraceResult(graph=gm, graph_inputs=list(self.graph_inputs),
                            example_inputs=list(self.example_inputs), output=out,

@@ -138,6 +138,14 @@ def _from_numpy(tx, args, kwargs):
 
 
 TORCH_HANDLERS[torch.from_numpy] = _from_numpy
+
+
+def _higher_order_handlers() -> dict:  # checkpoint, cond: traced bodies (higher_order_ops.py)
+    from ferrodyn.variables.higher_order_ops import HIGHER_ORDER_HANDLERS
+    return HIGHER_ORDER_HANDLERS
+
+
+TORCH_HANDLERS.update(_higher_order_handlers())
 if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "graph_break"):
     TORCH_HANDLERS[torch._dynamo.graph_break] = _refuse(BreakReason.GRAPH_BREAK)
 for _name in ("is_dynamo_compiling", "is_compiling"):
