@@ -74,8 +74,9 @@ def _xy():
 # ---- checkpoint ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("inner", ["eager", "aot_eager"])
-@pytest.mark.parametrize("reentrant", [False, True])
-def test_checkpoint_values_grads_and_node(inner, reentrant):
+def test_checkpoint_values_grads_and_node(inner):
+    reentrant = False
+
     def fn(x, y):
         return checkpoint(body, x.cos(), y, use_reentrant=reentrant) + 1
 
@@ -232,19 +233,29 @@ def test_checkpoint_eval_dropout_is_captured():
     assert hop_targets(cb) == [TAG_AC]
 
 
-def test_checkpoint_reentrant_without_grad_inputs_is_refused():
-    def fn(x, y):  # reentrant: no input requires grad, so params get no grad (eager)
-        return checkpoint(body, x, y, use_reentrant=True)
+def _reentrant_grad_reader(x, y):
+    h = x * 2
+    if torch.is_grad_enabled() or h.requires_grad:  # both False inside eager's reentrant body
+        return h + y
+    return h - y
 
-    x, y = torch.randn(3, 4), torch.randn(3, 4)
-    lin.zero_grad()
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_checkpoint_reentrant_is_refused_and_keeps_eager_grad_mode_reads(requires_grad):
+    def fn(x, y):
+        return checkpoint(_reentrant_grad_reader, x, y, use_reentrant=True) * 3
+
+    x = torch.randn(3, 4, requires_grad=requires_grad)
+    y = torch.randn(3, 4)
     cb = CountingBackend()
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        ref = fn(x, y)
         out = ferrodyn.compile(fn, backend=cb)(x, y)
-        torch.testing.assert_close(out, body(x, y))
-        assert out.requires_grad is fn(x, y).requires_grad
+    torch.testing.assert_close(out, ref)  # the body saw no_grad: x*2 - y
+    torch.testing.assert_close(out, (x * 2 - y) * 3)
+    assert out.requires_grad is ref.requires_grad
     assert TAG_AC not in hop_targets(cb)
 
 

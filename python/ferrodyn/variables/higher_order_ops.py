@@ -12,9 +12,10 @@ call graph-breaks; the body then runs eagerly under the real checkpoint): `use_r
 missing (torch warns) or not a constant, a non-default `context_fn`, `debug`,
 `determinism_check` or `respect_saved_tensors_hooks`; a body with random ops (torch's op does
 not restore the RNG state in its eager implementation, so a recomputed dropout would differ
-from the forward's); `use_reentrant=True` with keyword arguments for `fn` (eager raises), or
-where the reentrant Function would mark an output differently (grad mode on, no tensor argument
-requiring grad, or an output that does not require grad).
+from the forward's); `use_reentrant=True` (eager's reentrant Function runs the body under
+no_grad, so grad-mode reads inside it — `torch.is_grad_enabled()`, `requires_grad` of
+intermediates — would differ from a trace under the caller's grad mode; transformers'
+`gradient_checkpointing_enable()` defaults to use_reentrant=False).
 
 cond(pred, true_fn, false_fn, operands): a constant `pred` calls the branch it picks; a tensor
 `pred` speculates both branches over the operands (tensors), gives both bodies the same
@@ -165,22 +166,18 @@ def _checkpoint(tx, args, kwargs):
     if reentrant is None:
         unsupported(f"{what} without use_reentrant (torch warns and picks reentrant)",
                     BreakReason.UNSUPPORTED_CALL)
-    if reentrant and fn_kwargs:
-        unsupported(f"{what} with use_reentrant=True and keyword arguments for the function",
+    if reentrant:
+        # Eager's reentrant Function runs the body under no_grad: `torch.is_grad_enabled()`,
+        # `t.requires_grad` of intermediates and `t.grad_fn` read differently inside it than
+        # in a trace under the caller's grad mode, and nothing here proves the body reads none.
+        unsupported(f"{what} with use_reentrant=True (its body runs under no_grad in eager)",
                     BreakReason.UNSUPPORTED_CALL)
     body = speculate_subgraph(tx, fn, fn_args, fn_kwargs, f"{what} body")
     if _draws_random(body.module):
         unsupported(f"{what} of a body with random ops (the captured op would not replay the "
                     f"RNG state when it recomputes)", BreakReason.UNSUPPORTED_CALL)
-    if reentrant and torch.is_grad_enabled():
-        flat = [tx.realize(a) for a in fn_args]
-        if not any(isinstance(a, TensorVariable) and a.example.requires_grad for a in flat) or \
-                not all(e.requires_grad for e in body.examples):
-            unsupported(f"{what} with use_reentrant=True where the reentrant Function marks "
-                        f"outputs differently (no input requiring grad, or an output that "
-                        f"does not require grad)", BreakReason.UNSUPPORTED_CALL)
     get = install_subgraph(tx.output, "wrap_body", body.module)
-    items = _emit(tx, _TAG_AC, (get, *body.lifted), {"use_reentrant": reentrant},
+    items = _emit(tx, _TAG_AC, (get, *body.lifted), {"use_reentrant": False},
                   body.examples, "tag_activation_checkpoint")
     return rebuild_output(tx, body.spec, items)
 
