@@ -191,7 +191,71 @@ def _module_called_twice():
     return run, lambda: list(seen)
 
 
+def _pre_hook_mutates_input_in_place():
+    model = Net()
+
+    def shift(m, args):
+        args[0].sub_(0.5)  # the ReLU output, in place
+        return args
+    model.body[2].register_forward_pre_hook(shift)
+    return _outer(model), lambda: None
+
+
+def _hooks_with_default_arg_closures():
+    model, seen = Net(), {"a": [], "b": []}
+    for key, sub in (("a", model.body[0]), ("b", model.head)):
+        sub.register_forward_pre_hook(lambda m, args, key=key: seen[key].append(args[0] * 1))
+    return _outer(model), lambda: {k: list(v) for k, v in seen.items()}
+
+
+class HookState:
+    def __init__(self):
+        self.value = None
+
+
+def _hooks_sharing_a_state_object():
+    """An encoder hook publishes its output; a decoder pre-hook adds it when set."""
+    model, state = Net(), HookState()
+
+    def publish(m, args, out):
+        state.value = out.detach()
+
+    def consume(m, args):
+        if state.value is None:
+            return None
+        return (args[0] + state.value,)
+    model.body[0].register_forward_hook(publish)
+    model.body[2].register_forward_pre_hook(consume)
+    return _outer(model), lambda: state.value
+
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y, y.mean(0)
+
+
+def _hook_on_a_tuple_output():
+    inner = Pair()
+    inner.register_forward_hook(lambda m, args, out: (out[0] * 2,) + tuple(out[1:]))
+    inner.register_forward_hook(
+        lambda m, args, kwargs, out: None if kwargs else out[::-1], with_kwargs=True)
+
+    def run(x):
+        a, b = inner(x)
+        return a.sum(0) + b
+    return run, lambda: None
+
+
 CASES = {
+    "pre_hook_mutates_input_in_place": _pre_hook_mutates_input_in_place,
+    "hooks_with_default_arg_closures": _hooks_with_default_arg_closures,
+    "hooks_sharing_a_state_object": _hooks_sharing_a_state_object,
+    "hook_on_a_tuple_output": _hook_on_a_tuple_output,
     "hook_appends_output": _hook_appends_output,
     "hook_replaces_output": _hook_replaces_output,
     "pre_hook_returns_tensor": _pre_hook_returns_tensor,
