@@ -350,7 +350,7 @@ def _scale_hook(k):
 
 
 @pytest.mark.parametrize("change", ["add", "remove", "replace_in_dict", "add_global", "add_pre"])
-def test_hook_changes_after_the_first_call_recompile(change, global_hooks):
+def test_hook_changes_after_the_first_call_recompile(change):
     """Each compiler gets its own model; after one call the hooks change; the compiled call
     gives eager's result (ferrodyn guards the hook dicts and each hook: it recompiles)."""
     from torch.nn.modules import module as mm
@@ -371,12 +371,14 @@ def test_hook_changes_after_the_first_call_recompile(change, global_hooks):
         elif change == "replace_in_dict":
             model.body[0]._forward_hooks[handle.id] = _scale_hook(5)
         elif change == "add_global":
-            global_hooks(mm.register_module_forward_hook(lambda m, a, out: out + 1))
+            added = mm.register_module_forward_hook(lambda m, a, out: out + 1)
         else:
             model.head.register_forward_pre_hook(lambda m, args: args[0] * 7)
-        results[compile_] = (first, fn(x), backend.count)
-        for h in list(mm._global_forward_hooks):
-            mm._global_forward_hooks.pop(h)
+        try:
+            results[compile_] = (first, fn(x), backend.count)
+        finally:
+            if change == "add_global":
+                added.remove()
     (e1, e2, _), (f1, f2, fd_count) = results[None], results[ferrodyn.compile]
     assert same(f1, e1) and same(f2, e2) and not same(e1, e2)
     assert fd_count == 2  # the change recompiled (torch.compile skips hook guards by default)
@@ -509,3 +511,31 @@ def test_backward_hook_added_after_the_first_call_fires():
     want, got = run(None), run(ferrodyn.compile)
     assert same(got[:4], want[:4]) and len(got[1]) == 1
     assert got[4] > 1  # recompiled (torch.compile skips hook guards by default)
+
+
+_NO_TORCH_GLOBALS = """
+def run(x):
+    m = make()
+    return m(x) + 1
+"""
+
+
+@pytest.mark.parametrize("globals_hold_torch", [True, False])
+def test_module_made_in_the_frame_sees_global_hooks_added_later(globals_hold_torch):
+    """A module built by the traced code has no Source: the global hook dicts are reached
+    through a frame global (`torch`, `torch.nn` or an nn.Module class: here `make`); with
+    none, the call is refused (a graph break: `+ 1` is the only graph)."""
+    from torch.nn.modules import module as mm
+    g = {"make": nn.ReLU} if globals_hold_torch else {"make": lambda: nn.ReLU()}
+    exec(_NO_TORCH_GLOBALS, g)
+    run = g["run"]
+    backend = CountingBackend()
+    compiled = ferrodyn.compile(run, backend=backend)
+    (x,), = _inputs(1)
+    assert same(compiled(x), run(x))
+    handle = mm.register_module_forward_hook(lambda m, a, out: out * 0)
+    try:
+        assert same(compiled(x), run(x)) and same(run(x), torch.ones_like(x))
+    finally:
+        handle.remove()
+    assert backend.count == (2 if globals_hold_torch else 1)

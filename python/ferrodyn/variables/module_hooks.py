@@ -77,13 +77,29 @@ def _globals_source(tx, mod) -> Source | None:
         src = AttrSource(AttrSource(TypeSource(mod.source), "__call__"), "__globals__")
     else:
         for name, value in out.f_globals.items():
-            if value is torch and isinstance(name, str):
-                src = DictOfSource(AttrSource(AttrSource(AttrSource(GlobalSource(name), "nn"),
-                                                         "modules"), "module"))
+            src = _through_global(name, value)
+            if src is not None:
                 break
     if src is not None:
         out._ferrodyn_hook_globals = src
     return src
+
+
+def _through_global(name: Any, value: Any) -> Source | None:
+    """`torch.nn.modules.module.__dict__` reached from frame global `name` (the `torch` or
+    `torch.nn` module, or an nn.Module subclass whose `__call__` is nn.Module's), else None."""
+    if not isinstance(name, str):
+        return None
+    path = {id(torch): ("nn", "modules", "module"), id(torch.nn): ("modules", "module")}.get(id(value))
+    if path is not None:
+        src: Source = GlobalSource(name)
+        for attr in path:
+            src = AttrSource(src, attr)
+        return DictOfSource(src)
+    if isinstance(value, type) and issubclass(value, torch.nn.Module) and \
+            value.__call__ is torch.nn.Module.__call__:
+        return AttrSource(AttrSource(GlobalSource(name), "__call__"), "__globals__")
+    return None
 
 
 def _guard_dict(tx, src: Source | None, d: dict) -> None:
