@@ -123,18 +123,16 @@ def read_hooks(tx, mod) -> HookPlan:
     name = type(m).__name__
     msrc = DictOfSource(mod.source) if mod.source is not None else None
 
-    def module_dict(key: str, required: bool = True) -> dict | None:
+    def module_dict(key: str) -> tuple[dict, Source | None]:
         hooks = d.get(key)
-        if hooks is None:
-            if required:
-                unsupported(f"module {name} without {key} (not initialised by Module.__init__)",
-                            BreakReason.UNSUPPORTED_CALL)
-            return None
+        if not isinstance(hooks, dict):
+            unsupported(f"module {name} without {key} (not initialised by Module.__init__)",
+                        BreakReason.UNSUPPORTED_CALL)
         src = ItemSource(msrc, key) if msrc is not None else None
         _guard_dict(tx, src, hooks)
         if len(hooks) and src is None:
             unsupported(f"hooks of module {name} made in the traced code", BreakReason.UNSUPPORTED_CALL)
-        return hooks
+        return hooks, src
 
     gsrc = _globals_source(tx, mod)
     if gsrc is None:
@@ -146,37 +144,32 @@ def read_hooks(tx, mod) -> HookPlan:
         _guard_dict(tx, ItemSource(gsrc, key), g)
         return g, ItemSource(gsrc, key)
 
+    def hooks_of(*dicts: tuple[dict, Source | None]):
+        """(id, tracker) of each hook of `dicts`, in call order."""
+        return [(hid, _hook_var(tx, hook, ItemSource(src, hid) if src is not None else None))
+                for hooks, src in dicts for hid, hook in hooks.items()]
+
     for key in _GLOBAL_BACKWARD:
         if global_dict(key)[0]:
             unsupported(f"global nn.Module backward hooks ({key})", BreakReason.UNSUPPORTED_CALL)
     for key in _MODULE_BACKWARD:
-        if module_dict(key):
+        if module_dict(key)[0]:
             unsupported(f"module {name} has backward hooks ({key})", BreakReason.UNSUPPORTED_CALL)
 
     plan = HookPlan()
-    g_pre, g_pre_src = global_dict("_global_forward_pre_hooks")
-    pre = module_dict("_forward_pre_hooks")
-    if g_pre or pre:
-        pre_kw = module_dict("_forward_pre_hooks_with_kwargs")
-        for hid, hook in g_pre.items():
-            plan.pre.append(Hook(hid, _hook_var(tx, hook, ItemSource(g_pre_src, hid)), hid in pre_kw))
-        for hid, hook in pre.items():
-            plan.pre.append(Hook(hid, _hook_var(tx, hook, ItemSource(ItemSource(msrc, "_forward_pre_hooks"), hid)),
-                                 hid in pre_kw))
+    g_pre, pre = global_dict("_global_forward_pre_hooks"), module_dict("_forward_pre_hooks")
+    if g_pre[0] or pre[0]:
+        pre_kw = module_dict("_forward_pre_hooks_with_kwargs")[0]
+        plan.pre = [Hook(hid, var, hid in pre_kw) for hid, var in hooks_of(g_pre, pre)]
 
-    g_post, g_post_src = global_dict("_global_forward_hooks")
-    post = module_dict("_forward_hooks")
-    if g_post or post:
-        post_kw = module_dict("_forward_hooks_with_kwargs")
-        always = module_dict("_forward_hooks_always_called")
-        g_kw = global_dict("_global_forward_hooks_with_kwargs")[0]
-        g_always = global_dict("_global_forward_hooks_always_called")[0]
-        for hid, hook in g_post.items():
-            plan.post.append(Hook(hid, _hook_var(tx, hook, ItemSource(g_post_src, hid)),
-                                  hid in post_kw or hid in g_kw, hid in always or hid in g_always))
-        for hid, hook in post.items():
-            plan.post.append(Hook(hid, _hook_var(tx, hook, ItemSource(ItemSource(msrc, "_forward_hooks"), hid)),
-                                  hid in post_kw or hid in g_kw, hid in always or hid in g_always))
+    g_post, post = global_dict("_global_forward_hooks"), module_dict("_forward_hooks")
+    if g_post[0] or post[0]:
+        kw = (module_dict("_forward_hooks_with_kwargs")[0],
+              global_dict("_global_forward_hooks_with_kwargs")[0])
+        always = (module_dict("_forward_hooks_always_called")[0],
+                  global_dict("_global_forward_hooks_always_called")[0])
+        plan.post = [Hook(hid, var, any(hid in k for k in kw), any(hid in a for a in always))
+                     for hid, var in hooks_of(g_post, post)]
     return plan
 
 
