@@ -65,19 +65,19 @@ class HookPlan:
 
 def _globals_source(tx, mod) -> Source | None:
     """A Source of `torch.nn.modules.module.__dict__` reachable from the frame, shared by every
-    module call of the capture: `type(m).__call__.__globals__` of a sourced module (its type is
-    guarded and its `__call__` is `nn.Module.__call__`), else `<torch>.nn.modules.module`
-    through a frame global bound to the `torch` module."""
+    module call of the capture: `type(m)._call_impl.__globals__` of a sourced module, else
+    through a frame global (`_through_global`). (Not `type(m).__call__`: `type` has a
+    `__call__` of its own, so the guard replay could not decide that attribute.)"""
     out = tx.output
     cached = getattr(out, "_ferrodyn_hook_globals", None)
     if cached is not None:
         return cached
     src = None
     if mod.source is not None:
-        src = AttrSource(AttrSource(TypeSource(mod.source), "__call__"), "__globals__")
-    else:
+        src = _module_globals_through_class(tx, type(mod.value), TypeSource(mod.source))
+    if src is None:
         for name, value in out.f_globals.items():
-            src = _through_global(name, value)
+            src = _through_global(tx, name, value)
             if src is not None:
                 break
     if src is not None:
@@ -85,9 +85,9 @@ def _globals_source(tx, mod) -> Source | None:
     return src
 
 
-def _through_global(name: Any, value: Any) -> Source | None:
+def _through_global(tx, name: Any, value: Any) -> Source | None:
     """`torch.nn.modules.module.__dict__` reached from frame global `name` (the `torch` or
-    `torch.nn` module, or an nn.Module subclass whose `__call__` is nn.Module's), else None."""
+    `torch.nn` module, or an nn.Module subclass), else None."""
     if not isinstance(name, str):
         return None
     path = {id(torch): ("nn", "modules", "module"), id(torch.nn): ("modules", "module")}.get(id(value))
@@ -96,9 +96,24 @@ def _through_global(name: Any, value: Any) -> Source | None:
         for attr in path:
             src = AttrSource(src, attr)
         return DictOfSource(src)
-    if isinstance(value, type) and issubclass(value, torch.nn.Module) and \
-            value.__call__ is torch.nn.Module.__call__:
-        return AttrSource(AttrSource(GlobalSource(name), "__call__"), "__globals__")
+    if isinstance(value, type) and issubclass(value, torch.nn.Module):
+        return _module_globals_through_class(tx, value, GlobalSource(name))
+    return None
+
+
+# functions of nn.Module whose `__globals__` is torch.nn.modules.module's namespace
+_MODULE_FUNCTIONS = ("_call_impl", "_wrapped_call_impl", "register_forward_hook")
+
+
+def _module_globals_through_class(tx, cls: type, cls_src: Source) -> Source | None:
+    """`cls.<f>.__globals__` for the first function `f` of `_MODULE_FUNCTIONS` that `cls` does
+    not override, with the guard that it is still that namespace."""
+    for attr in _MODULE_FUNCTIONS:
+        fn = getattr(cls, attr, None)
+        if getattr(fn, "__globals__", None) is vars(_mm):
+            src = AttrSource(AttrSource(cls_src, attr), "__globals__")
+            tx.output.install_guard(src, GuardKind.ID_MATCH, vars(_mm))
+            return src
     return None
 
 
