@@ -31,14 +31,13 @@ ONE_GRAPH = {
     "rotary_sdpa", "timm_style", "super_forward", "teacher_student_no_grad", "autocast_bf16",
     "logging_in_forward", "label_smoothing_loss", "pyramid_pool", "bert_style_attention",
     "greedy_generate_no_grad", "droppath_train", "fpn_interpolate", "input_inplace",
-    "gpt_weight_tying",
+    "gpt_weight_tying", "forward_hooks_features",
 }
 
 # Run eagerly by ferrodyn today, captured by torch.compile (the reason, from ferrodyn.explain).
 # These must still give eager-equal results; move a name to ONE_GRAPH once it is captured.
 RUNS_EAGERLY = {
     "nn_gru": "nn.GRU reads its flat weights through weakref.ref calls",
-    "forward_hooks_features": "submodules with forward hooks",
     "item_in_forward": "Tensor.item() (torch.compile: 2 graphs around a graph break)",
     "moe_sparse_dispatch": "torch.where(cond) has a data-dependent shape (torch.compile: 0 graphs too)",
 }

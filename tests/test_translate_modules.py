@@ -134,10 +134,11 @@ def test_transformer_encoder_layer_no_grad_eval():
     check(f, m, torch.randn(2, 5, 8))
 
 
-def test_module_with_hook_is_refused():
+def test_module_with_backward_hook_is_refused():
+    """Forward hooks are traced (tests/test_module_hooks.py); backward hooks are refused."""
     from ferrodyn.exc import Unsupported
     m = nn.Linear(2, 2)
-    m.register_forward_hook(lambda *a: None)
+    m.register_full_backward_hook(lambda *a: None)
     with pytest.raises(Unsupported):
         trace(call, m, torch.randn(1, 2))
 

@@ -205,13 +205,15 @@ class SuperForwardNet(nn.Module):
 
 
 class FeatureTap(nn.Module):
-    """Forward hooks that store intermediate activations in a dict (feature extraction)."""
+    """Forward hooks that store intermediate activations in a dict (feature extraction). The
+    dict's keys exist from the start (an empty dict would change its key set on the first call:
+    a recompile on the second call, in torch.compile too)."""
 
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8))
         self.head = nn.Linear(8, 2)
-        self.features = {}
+        self.features = {"relu": None, "body": None}
         self.body[1].register_forward_hook(self._save("relu"))
         self.body.register_forward_hook(self._save("body"))
 

@@ -3,8 +3,8 @@ calls that inline the module's `forward` like any user method.
 
 Owns `NNModuleVariable`: attribute lookup falls back (as `nn.Module.__getattr__` does) to
 `_parameters`, `_buffers` and `_modules`, reached as `DictOf(m)['_parameters']['w']`, so a
-parameter becomes a lifted graph input guarded by TENSOR_MATCH; module calls check that no
-hooks are installed (guarded) and inline `forward`; `Sequential`/`ModuleList` indexing by table.
+parameter becomes a lifted graph input guarded by TENSOR_MATCH; module calls inline `forward`
+between their forward hooks (module_hooks.py); `Sequential`/`ModuleList` indexing by table.
 Layers are not special-cased: their forward is traced like user code. Does not own building
 (builder.py) or generic attribute lookup (user_objects.py).
 """
@@ -23,8 +23,6 @@ from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
 from ferrodyn.variables.user_objects import UserObjectVariable, _sub
 
 _FALLBACK_DICTS = ("_parameters", "_buffers", "_modules")
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-               "_backward_pre_hooks", "_forward_hooks_with_kwargs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,30 +41,14 @@ class NNModuleVariable(UserObjectVariable):
                 return _lazy(sub[name], src)
         return None
 
-    def _check_hooks(self, tx):
-        m = self.value
-        mod = torch.nn.modules.module
-        for glob in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                     "_global_backward_hooks", "_global_backward_pre_hooks"):
-            if getattr(mod, glob, None):
-                unsupported("global nn.Module hooks", BreakReason.UNSUPPORTED_CALL)
-        for name in _HOOK_DICTS:
-            hooks = m.__dict__.get(name)
-            if hooks is None:
-                continue
-            if len(hooks):
-                unsupported(f"module {type(m).__name__} has {name}", BreakReason.UNSUPPORTED_CALL)
-            if self.source is not None and name in ("_forward_hooks", "_forward_pre_hooks"):
-                tx.output.install_guard(ItemSource(DictOfSource(self.source), name),
-                                        GuardKind.LENGTH, 0)
-
     def call_function(self, tx, args, kwargs):
-        self._check_hooks(tx)
-        call = type(self.value).__call__
-        if call is not torch.nn.Module.__call__:
-            return super().call_function(tx, args, kwargs)
-        forward = tx.realize(self.var_getattr(tx, "forward"))
-        return forward.call_function(tx, args, kwargs)
+        from ferrodyn.variables.module_hooks import call_module, read_hooks
+        if type(self.value).__call__ is torch.nn.Module.__call__:
+            return call_module(tx, self, args, kwargs)
+        if read_hooks(tx, self):  # a custom __call__ around hooks is not modelled
+            unsupported(f"module {type(self.value).__name__} with hooks and its own __call__",
+                        BreakReason.UNSUPPORTED_CALL)
+        return super().call_function(tx, args, kwargs)
 
     # -- mutation: nn.Module.__setattr__ / __delattr__ modelled for plain attributes -------
     def _plain_module_attr(self, tx, name, verb: str, value=None) -> None:
