@@ -28,6 +28,8 @@ recording ordinary ops (tensor.py) or the graph (output_graph.py).
 
 from __future__ import annotations
 
+import inspect
+import operator
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +41,7 @@ from ferrodyn.guard_spec import GuardKind
 from ferrodyn.output_graph import OutputGraph
 from ferrodyn.source import AttrSource, Source
 from ferrodyn.variables.base import VariableTracker, unsupported
-from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
 from ferrodyn.variables.lists import ListVariable, TupleVariable
 from ferrodyn.variables.tensor import TensorVariable, fx_args, wrap_graph_value
 
@@ -108,20 +110,20 @@ class AutogradFunctionApplyVariable(VariableTracker):
 
 def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict):
     name = f"{cls.__name__}.apply"
-    if kwargs:
-        unsupported(f"{name} with keyword arguments", BreakReason.UNSUPPORTED_CALL)
     if cls_source is None:  # what forward reads could not be guarded
         unsupported(f"{name} of a class not reachable from the frame",
                     BreakReason.UNSUPPORTED_CALL)
     _check_class(tx, cls, cls_source)
     args = [tx.realize(a) for a in args]
-    for a in args:
+    kwargs = {k: tx.realize(v) for k, v in kwargs.items()}
+    for a in (*args, *kwargs.values()):
         _check_arg(tx, name, a)
-    _speculate(tx, cls, cls_source, args)
-    pa, ea, _, _ = fx_args(tx, args, {})
+    _speculate(tx, cls, cls_source, _bind(tx, cls, cls_source, args, kwargs))
+    # the node calls apply with the frame's own arguments: apply binds them as in eager
+    pa, ea, pk, ek = fx_args(tx, args, kwargs)
 
     def run():
-        return cls.apply(*ea)
+        return cls.apply(*ea, **ek)
 
     try:
         example = tx.output.run_fake(run)
@@ -130,11 +132,89 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     except Exception as e:
         unsupported(f"{name} raised {type(e).__name__} on fake inputs: {e}",
                     BreakReason.UNSUPPORTED_CALL)
-    if not _tensors_only(example):
+    node = tx.output.create_node("call_function", _apply_target(cls), tuple(pa), pk)
+    return _wrap_outputs(tx, node, example, name)
+
+
+def _wrap_outputs(tx, node, example, name: str) -> VariableTracker:
+    """The trackers of apply's result: a tensor, or a tuple/list whose items are tensors
+    (read from the node with getitem) and constants (None, numbers, strings, and tuples/lists
+    of those; eager's apply passes them through unchanged, so they are the fake run's)."""
+    if isinstance(example, torch.Tensor):
+        return wrap_graph_value(tx, node, example, name)
+    if type(example) not in (tuple, list) or not any(
+            isinstance(v, torch.Tensor) for v in example):
         unsupported(f"{name} returned a {type(example).__name__} (only tensors and tuples or "
-                    f"lists of tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
-    node = tx.output.create_node("call_function", _apply_target(cls), tuple(pa), {})
-    return wrap_graph_value(tx, node, example, name)
+                    f"lists holding tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
+    node.meta["example_value"] = example
+    items = []
+    for i, v in enumerate(example):
+        if isinstance(v, torch.Tensor):
+            item = tx.output.create_node("call_function", operator.getitem, (node, i), {})
+            items.append(wrap_graph_value(tx, item, v, name))
+        else:
+            items.append(_constant_output(name, v))
+    return ListVariable.new(items) if type(example) is list else TupleVariable(items=tuple(items))
+
+
+def _constant_output(name: str, value) -> VariableTracker:
+    if type(value) in (tuple, list):
+        items = [_constant_output(name, v) for v in value]
+        return ListVariable.new(items) if type(value) is list else \
+            TupleVariable(items=tuple(items))
+    if not is_constant_value(value):
+        unsupported(f"{name} returned a {type(value).__name__} beside its tensors",
+                    BreakReason.UNSUPPORTED_TYPE)
+    return ConstantVariable(value=value)
+
+
+def _bind(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict) -> list:
+    """The arguments eager's apply hands to forward (and to setup_context's `inputs`), bound
+    by forward's `__code__` as apply does. Old-style forward(ctx, ...): keyword arguments fill
+    the positions after the positional ones, with no gap (defaults are not applied). A
+    forward with setup_context: every parameter bound, defaults applied. Refuses what apply
+    would reject (apply raises TypeError) and shapes not modelled (keyword-only or **kwargs
+    parameters, keywords beside *args)."""
+    new_style = cls.setup_context is not _BASE_SETUP_CONTEXT
+    if not kwargs and not new_style:
+        return args
+    name = f"{cls.__name__}.apply"
+    fn = _static_function(cls, "forward")
+    code = fn.__code__
+    first = 0 if new_style else 1
+    names = code.co_varnames[first:code.co_argcount]
+    varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    if code.co_kwonlyargcount or code.co_flags & inspect.CO_VARKEYWORDS or \
+            (varargs and kwargs):
+        unsupported(f"{name}: binding keyword arguments to a forward with keyword-only, *args "
+                    f"or **kwargs parameters", BreakReason.UNSUPPORTED_CALL)
+    if len(args) > len(names) and not varargs:
+        unsupported(f"{name}: too many arguments for forward", BreakReason.UNSUPPORTED_CALL)
+    for k in kwargs:
+        if k not in names or names.index(k) < len(args):
+            unsupported(f"{name}: keyword argument {k!r} that forward cannot bind",
+                        BreakReason.UNSUPPORTED_CALL)
+    end = len(names) if new_style else \
+        max((names.index(k) + 1 for k in kwargs), default=len(args))
+    defaults = fn.__defaults__ or ()
+    first_default = code.co_argcount - first - len(defaults)
+    bound, used_default = list(args), False
+    for i in range(len(args), end):
+        if names[i] in kwargs:
+            bound.append(kwargs[names[i]])
+        elif new_style and i >= first_default and is_constant_value(defaults[i - first_default]):
+            bound.append(ConstantVariable(value=defaults[i - first_default]))
+            used_default = True
+        else:
+            unsupported(f"{name}: forward's parameter {names[i]!r} left unbound (or bound to a "
+                        f"non-constant default)", BreakReason.UNSUPPORTED_CALL)
+    if used_default:
+        if not is_constant_value(defaults):
+            unsupported(f"{name}: forward's defaults are not constants",
+                        BreakReason.UNSUPPORTED_CALL)
+        tx.output.install_guard(AttrSource(AttrSource(cls_source, "forward"), "__defaults__"),
+                                GuardKind.EQUALS, defaults)
+    return bound
 
 
 def _apply_target(cls: type):
@@ -143,23 +223,16 @@ def _apply_target(cls: type):
     torch.compile, forward runs without frame capture."""
     from ferrodyn.eval_frame import _set_eval_frame as set_eval_frame
 
-    def apply(*args):
+    def apply(*args, **kwargs):
         prior = set_eval_frame(None)
         try:
-            return cls.apply(*args)
+            return cls.apply(*args, **kwargs)
         finally:
             set_eval_frame(prior)
     apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
     apply.__module__ = __name__
     apply.autograd_function = cls
     return apply
-
-
-def _tensors_only(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    return type(value) in (tuple, list) and len(value) > 0 and \
-        all(isinstance(v, torch.Tensor) for v in value)
 
 
 def _static_function(cls: type, name: str):
@@ -297,11 +370,14 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         outs = _output_tensors(name, stx, out)
         if spec.side_effects.has_effects:
             unsupported(f"{cls.__name__}.forward has side effects", BreakReason.SIDE_EFFECT)
-        if spec._mutates_inputs():
+        if _writes_to_input(spec):
             unsupported(f"{cls.__name__}.forward writes in place to an input",
                         BreakReason.SIDE_EFFECT)
         grads = []
         for o in outs:
+            if o is None:
+                grads.append(ConstantVariable(value=None))
+                continue
             with spec.fake_mode:
                 g = torch.zeros_like(o.example).detach()
             node = spec.graph.placeholder(f"grad{len(grads)}")
@@ -328,15 +404,59 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         tx.output.guards.setdefault(g, g)
 
 
-def _output_tensors(name: str, tx, out: VariableTracker) -> list[TensorVariable]:
+def _writes_to_input(spec: _SpeculationGraph) -> bool:
+    """Whether an in-place op of forward writes to the storage of an argument. Only the
+    tensors an op writes count (its self / first argument, `out=`), not every tensor it
+    reads (`out += bias.expand_as(out)` reads an argument and writes a fresh tensor)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from ferrodyn.variables.tensor import _is_inplace
+    if spec.mutation_epoch == 0:
+        return False
+    inputs = spec._input_storages()
+
+    def written(node):
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return []
+        out = []
+        if _is_inplace(node.op, node.target) or node.kwargs.get("inplace") is True:
+            out.append(node.args[0])
+        if "out" in node.kwargs:
+            out.append(node.kwargs["out"])
+        flat = []
+        for o in out:
+            flat.extend(o if isinstance(o, (tuple, list)) else [o])
+        return flat
+
+    for node in spec.graph.nodes:
+        for arg in written(node):
+            ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
+            if not isinstance(ex, torch.Tensor) or \
+                    StorageWeakRef(ex.untyped_storage()) in inputs:
+                return True  # an input's storage, or a write the check cannot place
+    return False
+
+
+def _output_tensors(name: str, tx, out: VariableTracker) -> list[TensorVariable | None]:
+    """forward's outputs as backward sees them: a tensor each, None for a constant output
+    (autograd gives a non-tensor output no gradient)."""
     if isinstance(out, TensorVariable):
         return [out]
     if isinstance(out, (TupleVariable, ListVariable)):
         items = [tx.realize(i) for i in out.unpack(tx)]
-        if items and all(isinstance(i, TensorVariable) for i in items):
-            return items
+        if any(isinstance(i, TensorVariable) for i in items) and \
+                all(isinstance(i, TensorVariable) or _is_constant_tracker(tx, i) for i in items):
+            return [i if isinstance(i, TensorVariable) else None for i in items]
     unsupported(f"{name}: forward returned {out.describe()} (only tensors and tuples or lists "
-                f"of tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
+                f"of tensors and constants are captured)", BreakReason.UNSUPPORTED_TYPE)
+
+
+def _is_constant_tracker(tx, v: VariableTracker) -> bool:
+    v = tx.realize(v)
+    if isinstance(v, ConstantVariable):
+        return True
+    if type(v) in (TupleVariable, ListVariable):
+        return all(_is_constant_tracker(tx, i) for i in v.unpack(tx))
+    return False
 
 
 # ---- ctx --------------------------------------------------------------------------------------
@@ -381,12 +501,18 @@ class FunctionCtxVariable(VariableTracker):
             or (name == "saved_tensors" and self.state.saved is not None)
 
     def setattr(self, tx, name, value):
-        if name in _CTX_METHODS or name in ("saved_tensors", "needs_input_grad") or \
-                name.startswith("_") or hasattr(torch.autograd.function.FunctionCtx, name) or \
-                hasattr(torch._C._FunctionBase, name):
+        # the ctx is an instance of Cls._backward_cls (a BackwardCFunction): a store over
+        # one of its class attributes (or a dunder) is autograd's business; any other name,
+        # private ones too (torch.amp.custom_fwd stores ctx._dtype), is a plain attribute
+        if name in _CTX_METHODS or name in _CTX_CLASS_ATTRS or \
+                (name.startswith("__") and name.endswith("__")) or \
+                hasattr(torch.autograd.function.BackwardCFunction, name):
             unsupported(f"store of ctx.{name} (an autograd attribute)",
                         BreakReason.UNSUPPORTED_CALL)
         self.state.attrs[name] = value
+
+
+_CTX_CLASS_ATTRS = ("saved_tensors", "needs_input_grad", "_forward_cls", "_autograd_function_id")
 
 
 def _save_for_backward(tx, ctx, args):
