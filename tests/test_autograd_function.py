@@ -2,7 +2,8 @@
 real `apply` (variables/autograd_function.py): results, `requires_grad` and gradients through
 the graph are eager's (the user's backward runs), graph counts are at most torch.compile's. A
 Function whose forward has an effect outside it (print, a global mutation, an in-place write
-to an input, `mark_dirty`) is refused: the graph breaks at the call and values stay eager's."""
+to an input it does not mark dirty) is refused: the graph breaks at the call and values stay
+eager's. `mark_dirty` Functions: test_autograd_function_dirty.py."""
 
 import pytest
 import torch
@@ -115,18 +116,6 @@ class GlobalMutation(torch.autograd.Function):
     def forward(ctx, x):
         LOG.append(1)
         return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
-class Dirty(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.mul_(2)
-        ctx.mark_dirty(x)
-        return x
 
     @staticmethod
     def backward(ctx, g):
@@ -495,19 +484,6 @@ def test_forward_that_mutates_a_global_breaks():
     assert ours.count == 3 and theirs.count == 1
 
 
-def test_mark_dirty_breaks():
-    def fn(x):
-        y = x * 1
-        z = Dirty.apply(y)
-        return z + y
-
-    # torch.compile captures in-place Functions (1 graph); ferrodyn refuses them (the result
-    # is an input, mutated): a break at the call, the eager forward frame captured on its own
-    ours, theirs = _run(fn, _x(3))
-    assert not _captured(ours, Dirty)
-    assert ours.count == 3 and theirs.count == 1
-
-
 def test_in_place_write_to_an_input_breaks():
     def fn(x):
         y = x * 1
@@ -516,7 +492,7 @@ def test_in_place_write_to_an_input_breaks():
 
     ours, theirs = _run(fn, _x(3, grad=False))
     assert not _captured(ours, InPlaceNoMark)
-    assert ours.count == 3 and theirs.count == 1  # as for mark_dirty
+    assert ours.count == 3 and theirs.count == 1  # a break at the call, forward's own frame
 
 
 def test_forward_reading_a_global_tensor_breaks():

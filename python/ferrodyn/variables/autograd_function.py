@@ -118,7 +118,7 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     kwargs = {k: tx.realize(v) for k, v in kwargs.items()}
     for a in (*args, *kwargs.values()):
         _check_arg(tx, name, a)
-    _speculate(tx, cls, cls_source, _bind(tx, cls, cls_source, args, kwargs))
+    dirty = _speculate(tx, cls, cls_source, _bind(tx, cls, cls_source, args, kwargs))
     # the node calls apply with the frame's own arguments: apply binds them as in eager
     pa, ea, pk, ek = fx_args(tx, args, kwargs)
 
@@ -132,14 +132,27 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     except Exception as e:
         unsupported(f"{name} raised {type(e).__name__} on fake inputs: {e}",
                     BreakReason.UNSUPPORTED_CALL)
-    node = tx.output.create_node("call_function", _apply_target(cls), tuple(pa), pk)
-    return _wrap_outputs(tx, node, example, name)
+    node = tx.output.create_node("call_function", _apply_target(cls, dirty), tuple(pa), pk)
+    if not dirty:
+        return _wrap_outputs(tx, node, example, name)
+    # ctx.mark_dirty: apply wrote to those arguments in place and returns them (the same
+    # objects, their autograd history rebased onto the Function): later ops see the write
+    tx.output.mutation_epoch += 1
+    given = [(e, tx.realize(a)) for e, a in zip([*ea, *ek.values()], [*args, *kwargs.values()])
+             if isinstance(e, torch.Tensor)]
+    return _wrap_outputs(tx, node, example, name, given)
 
 
-def _wrap_outputs(tx, node, example, name: str) -> VariableTracker:
+def _wrap_outputs(tx, node, example, name: str, given=()) -> VariableTracker:
     """The trackers of apply's result: a tensor, or a tuple/list whose items are tensors
     (read from the node with getitem) and constants (None, numbers, strings, and tuples/lists
-    of those; eager's apply passes them through unchanged, so they are the fake run's)."""
+    of those; eager's apply passes them through unchanged, so they are the fake run's).
+    `given`: (fake, tracker) of the arguments; an output that IS one (a dirty input) is that
+    argument's tracker, so `is` holds and later uses read the written tensor."""
+    for fake, tracker in given:
+        if example is fake:
+            node.meta["example_value"] = example
+            return tracker
     if isinstance(example, torch.Tensor):
         return wrap_graph_value(tx, node, example, name)
     if type(example) not in (tuple, list) or not any(
@@ -149,7 +162,10 @@ def _wrap_outputs(tx, node, example, name: str) -> VariableTracker:
     node.meta["example_value"] = example
     items = []
     for i, v in enumerate(example):
-        if isinstance(v, torch.Tensor):
+        same = [t for fake, t in given if v is fake]
+        if same:
+            items.append(same[0])
+        elif isinstance(v, torch.Tensor):
             item = tx.output.create_node("call_function", operator.getitem, (node, i), {})
             items.append(wrap_graph_value(tx, item, v, name))
         else:
@@ -217,7 +233,7 @@ def _bind(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict) ->
     return bound
 
 
-def _apply_target(cls: type):
+def _apply_target(cls: type, dirty: bool = False):
     """The node's target: a Python function calling `cls.apply` (torch.fx names a target by
     its module, which a bound C method lacks). Like any compiled graph's callees in
     torch.compile, forward runs without frame capture."""
@@ -229,7 +245,9 @@ def _apply_target(cls: type):
             return cls.apply(*args, **kwargs)
         finally:
             set_eval_frame(prior)
-    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    # a Function that marks inputs dirty writes to them: its name ends in "_" like every
+    # in-place target, so the graph's input-mutation check (OutputGraph._writes_input) counts it
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply" + ("_" if dirty else "")
     apply.__module__ = __name__
     apply.autograd_function = cls
     return apply
@@ -335,7 +353,7 @@ def _stand_ins(tx, spec: _SpeculationGraph, a: VariableTracker, memo: dict,
     return new
 
 
-def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
+def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
     """Trace forward (+ setup_context) and backward into a throwaway graph; refuse on any
     effect outside the Function. Copies the guards it installed to the caller's graph."""
     from ferrodyn.symbolic.translator import InstructionTranslator
@@ -350,7 +368,9 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         # as eager: whether each argument is a tensor that requires grad (grad mode aside)
         needs = tuple(bool(isinstance(a, TensorVariable) and a.example.requires_grad)
                       for a in args)
-        ctx = FunctionCtxVariable(state=_CtxState(needs_input_grad=needs))
+        ctx = FunctionCtxVariable(state=_CtxState(
+            needs_input_grad=needs,
+            inputs=tuple(i for i in inputs if isinstance(i, TensorVariable))))
 
         def fn_var(attr):
             fn = getattr(cls, attr)
@@ -370,7 +390,7 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         outs = _output_tensors(name, stx, out)
         if spec.side_effects.has_effects:
             unsupported(f"{cls.__name__}.forward has side effects", BreakReason.SIDE_EFFECT)
-        if _writes_to_input(spec):
+        if _writes_to_input(spec, ctx.state.dirty):
             unsupported(f"{cls.__name__}.forward writes in place to an input",
                         BreakReason.SIDE_EFFECT)
         grads = []
@@ -402,17 +422,20 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         torch._C._set_grad_enabled(grad)
     for g in spec.guards.values():
         tx.output.guards.setdefault(g, g)
+    return bool(ctx.state.dirty)
 
 
-def _writes_to_input(spec: _SpeculationGraph) -> bool:
+def _writes_to_input(spec: _SpeculationGraph, dirty: list) -> bool:
     """Whether an in-place op of forward writes to the storage of an argument. Only the
     tensors an op writes count (its self / first argument, `out=`), not every tensor it
-    reads (`out += bias.expand_as(out)` reads an argument and writes a fresh tensor)."""
+    reads (`out += bias.expand_as(out)` reads an argument and writes a fresh tensor). Writes to
+    the storage of an argument marked dirty (`ctx.mark_dirty`) are apply's contract."""
     from torch.multiprocessing.reductions import StorageWeakRef
     from ferrodyn.variables.tensor import _is_inplace
     if spec.mutation_epoch == 0:
         return False
-    inputs = spec._input_storages()
+    allowed = {StorageWeakRef(t.example.untyped_storage()) for t in dirty}
+    inputs = spec._input_storages() - allowed
 
     def written(node):
         if node.op not in ("call_function", "call_method") or not node.args:
@@ -430,9 +453,11 @@ def _writes_to_input(spec: _SpeculationGraph) -> bool:
     for node in spec.graph.nodes:
         for arg in written(node):
             ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
-            if not isinstance(ex, torch.Tensor) or \
-                    StorageWeakRef(ex.untyped_storage()) in inputs:
-                return True  # an input's storage, or a write the check cannot place
+            if not isinstance(ex, torch.Tensor):
+                return True  # a write the check cannot place
+            storage = StorageWeakRef(ex.untyped_storage())
+            if storage in inputs and storage not in allowed:
+                return True
     return False
 
 
@@ -467,6 +492,8 @@ class _CtxState:
     attrs: dict = field(default_factory=dict)
     saved: tuple | None = None
     in_backward: bool = False
+    inputs: tuple = ()  # the stand-ins forward received
+    dirty: list = field(default_factory=list)  # the inputs marked dirty
 
 
 @dataclass(frozen=True, eq=False)
@@ -526,6 +553,18 @@ def _save_for_backward(tx, ctx, args):
     ctx.state.saved = tuple(items)
 
 
+def _mark_dirty(tx, ctx, args):
+    """Only arguments of forward may be dirty (as in eager, which checks it when apply
+    returns); the writes to them are then allowed (`_writes_to_input`)."""
+    for a in args:
+        a = tx.realize(a)
+        if not isinstance(a, TensorVariable) or \
+                not any(a.node is i.node for i in ctx.state.inputs):
+            unsupported("ctx.mark_dirty of a tensor that is not an argument",
+                        BreakReason.UNSUPPORTED_CALL)
+        ctx.state.dirty.append(a)
+
+
 def _mark_non_differentiable(tx, ctx, args):
     for a in args:
         if not isinstance(tx.realize(a), TensorVariable):
@@ -557,7 +596,7 @@ _CTX_METHODS = {
     "save_for_backward": _in_forward(_save_for_backward),
     "mark_non_differentiable": _in_forward(_mark_non_differentiable),
     "set_materialize_grads": _in_forward(_set_materialize_grads),
-    "mark_dirty": _refuse("mark_dirty"),
+    "mark_dirty": _in_forward(_mark_dirty),
     "save_for_forward": _refuse("save_for_forward"),
 }
 
