@@ -1,9 +1,10 @@
-"""Custom autograd Functions that write to an argument in place and mark it dirty
-(`ctx.mark_dirty`), captured as one node that calls the real apply (variables/
-autograd_function.py): apply returns the written argument itself, its autograd history rebased
-onto the Function, so later uses of the argument, `is`, the written frame inputs and the
-gradients are eager's; graph counts at most torch.compile's. Writes to an argument that is
-not marked dirty, and what eager rejects (a view of a leaf), stay refused / eager's error."""
+"""Custom autograd Functions whose forward writes to an argument in place, marked dirty
+(`ctx.mark_dirty`) or not, captured as one node that calls the real apply (variables/
+autograd_function.py) at its place in the graph: later uses of the argument read the written
+tensor, a dirty argument is apply's result itself (`is`, its history rebased onto the
+Function), written frame inputs and gradients are eager's (also through aot backends); graph
+counts at most torch.compile's. What eager rejects (a dirty view of a leaf) raises eager's
+error."""
 
 import pytest
 import torch
@@ -48,13 +49,26 @@ class DirtyAndWritesAnother(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         a.add_(1)
-        b.add_(1)  # b is not marked dirty: refused
+        b.add_(1)  # b is written but not marked dirty (and not returned)
         ctx.mark_dirty(a)
         return a
 
     @staticmethod
     def backward(ctx, g):
         return g, None
+
+
+class WritesNoMark(torch.autograd.Function):
+    """Writes its argument without mark_dirty and returns it: apply returns a new view."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
 
 
 def _xs(*shapes, grads=None):
@@ -146,17 +160,47 @@ def test_dirty_view_of_a_leaf_raises_eagers_error():
     assert not _captured(ours, TimesThree)
 
 
-def test_write_to_an_argument_not_marked_dirty_breaks():
+@pytest.mark.parametrize("inner", ["eager", "aot_eager"])
+def test_write_to_an_argument_not_marked_dirty(inner):
     def fn(x, y):
         a = x * 1
-        return DirtyAndWritesAnother.apply(a, y) + 1
+        out = DirtyAndWritesAnother.apply(a, y)
+        return out + y, out is a, a
 
     def make():
         torch.manual_seed(0)
         return torch.randn(3, requires_grad=True), torch.zeros(3)
 
-    ours, theirs = _run(fn, make)
-    assert not _captured(ours, DirtyAndWritesAnother)
+    ours, theirs = _run(fn, make, inner=inner)  # compares y, written, through the results
+    assert ours.count == 1 <= theirs.count
+    assert _captured(ours, DirtyAndWritesAnother)
     x, y = make()
-    ferrodyn.compile(fn, backend=CountingBackend())(x, y)
+    ferrodyn.compile(fn, backend=CountingBackend(inner))(x, y)
     assert torch.equal(y, torch.ones(3))
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_returned_written_argument_without_mark_dirty_is_a_new_tensor(grad):
+    def fn(x):
+        y = x * 1
+        z = WritesNoMark.apply(y)
+        return z + y, z is y, y
+
+    ours, theirs = _run(fn, _xs((3,), grads=[grad]))
+    assert ours.count == 1 <= theirs.count
+    assert _captured(ours, WritesNoMark)
+
+
+def test_written_frame_input_leaf_that_requires_grad():
+    def fn(x):
+        return WritesNoMark.apply(x) + x  # forward runs under no_grad: eager allows the write
+
+    compiled = ferrodyn.compile(fn, backend=CountingBackend("aot_eager"))
+    results = []
+    for f in (fn, compiled):
+        torch.manual_seed(0)
+        x = torch.randn(3, requires_grad=True)
+        out = f(x)
+        results.append((out, x.detach().clone(), torch.autograd.grad(out.sum(), x)[0]))
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)

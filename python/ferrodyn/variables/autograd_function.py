@@ -118,7 +118,7 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     kwargs = {k: tx.realize(v) for k, v in kwargs.items()}
     for a in (*args, *kwargs.values()):
         _check_arg(tx, name, a)
-    dirty = _speculate(tx, cls, cls_source, _bind(tx, cls, cls_source, args, kwargs))
+    writes = _speculate(tx, cls, cls_source, _bind(tx, cls, cls_source, args, kwargs))
     # the node calls apply with the frame's own arguments: apply binds them as in eager
     pa, ea, pk, ek = fx_args(tx, args, kwargs)
 
@@ -132,11 +132,13 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     except Exception as e:
         unsupported(f"{name} raised {type(e).__name__} on fake inputs: {e}",
                     BreakReason.UNSUPPORTED_CALL)
-    node = tx.output.create_node("call_function", _apply_target(cls, dirty), tuple(pa), pk)
-    if not dirty:
+    node = tx.output.create_node("call_function", _apply_target(cls, writes), tuple(pa), pk)
+    if not writes:
         return _wrap_outputs(tx, node, example, name)
-    # ctx.mark_dirty: apply wrote to those arguments in place and returns them (the same
-    # objects, their autograd history rebased onto the Function): later ops see the write
+    # forward writes to arguments in place: the node does so at its place in the graph, so
+    # later ops read the written tensors as in eager; the fold cache is invalidated. An
+    # argument marked dirty (ctx.mark_dirty) is returned as the same object, its autograd
+    # history rebased onto the Function: the output is the argument's own tracker
     tx.output.mutation_epoch += 1
     given = [(e, tx.realize(a)) for e, a in zip([*ea, *ek.values()], [*args, *kwargs.values()])
              if isinstance(e, torch.Tensor)]
@@ -233,7 +235,7 @@ def _bind(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict) ->
     return bound
 
 
-def _apply_target(cls: type, dirty: bool = False):
+def _apply_target(cls: type, writes: bool = False):
     """The node's target: a Python function calling `cls.apply` (torch.fx names a target by
     its module, which a bound C method lacks). Like any compiled graph's callees in
     torch.compile, forward runs without frame capture."""
@@ -245,9 +247,9 @@ def _apply_target(cls: type, dirty: bool = False):
             return cls.apply(*args, **kwargs)
         finally:
             set_eval_frame(prior)
-    # a Function that marks inputs dirty writes to them: its name ends in "_" like every
+    # a Function whose forward writes to its arguments: its name ends in "_" like every
     # in-place target, so the graph's input-mutation check (OutputGraph._writes_input) counts it
-    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply" + ("_" if dirty else "")
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply" + ("_" if writes else "")
     apply.__module__ = __name__
     apply.autograd_function = cls
     return apply
@@ -390,9 +392,7 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
         outs = _output_tensors(name, stx, out)
         if spec.side_effects.has_effects:
             unsupported(f"{cls.__name__}.forward has side effects", BreakReason.SIDE_EFFECT)
-        if _writes_to_input(spec, ctx.state.dirty):
-            unsupported(f"{cls.__name__}.forward writes in place to an input",
-                        BreakReason.SIDE_EFFECT)
+        writes = _writes_to_input(spec)
         grads = []
         for o in outs:
             if o is None:
@@ -422,20 +422,19 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
         torch._C._set_grad_enabled(grad)
     for g in spec.guards.values():
         tx.output.guards.setdefault(g, g)
-    return bool(ctx.state.dirty)
+    return writes
 
 
-def _writes_to_input(spec: _SpeculationGraph, dirty: list) -> bool:
+def _writes_to_input(spec: _SpeculationGraph) -> bool:
     """Whether an in-place op of forward writes to the storage of an argument. Only the
     tensors an op writes count (its self / first argument, `out=`), not every tensor it
-    reads (`out += bias.expand_as(out)` reads an argument and writes a fresh tensor). Writes to
-    the storage of an argument marked dirty (`ctx.mark_dirty`) are apply's contract."""
+    reads (`out += bias.expand_as(out)` reads an argument and writes a fresh tensor). Refuses
+    a write to something that is not a traced tensor (the check cannot place it)."""
     from torch.multiprocessing.reductions import StorageWeakRef
     from ferrodyn.variables.tensor import _is_inplace
     if spec.mutation_epoch == 0:
         return False
-    allowed = {StorageWeakRef(t.example.untyped_storage()) for t in dirty}
-    inputs = spec._input_storages() - allowed
+    inputs = spec._input_storages()
 
     def written(node):
         if node.op not in ("call_function", "call_method") or not node.args:
@@ -454,9 +453,9 @@ def _writes_to_input(spec: _SpeculationGraph, dirty: list) -> bool:
         for arg in written(node):
             ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
             if not isinstance(ex, torch.Tensor):
-                return True  # a write the check cannot place
-            storage = StorageWeakRef(ex.untyped_storage())
-            if storage in inputs and storage not in allowed:
+                unsupported(f"an in-place {node.target} on a value that is not a tensor",
+                            BreakReason.UNSUPPORTED_CALL)
+            if StorageWeakRef(ex.untyped_storage()) in inputs:
                 return True
     return False
 
@@ -554,8 +553,7 @@ def _save_for_backward(tx, ctx, args):
 
 
 def _mark_dirty(tx, ctx, args):
-    """Only arguments of forward may be dirty (as in eager, which checks it when apply
-    returns); the writes to them are then allowed (`_writes_to_input`)."""
+    """Only tensor arguments of forward may be marked dirty (others refused)."""
     for a in args:
         a = tx.realize(a)
         if not isinstance(a, TensorVariable) or \
