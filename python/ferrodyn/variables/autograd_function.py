@@ -1,24 +1,32 @@
-"""Custom autograd Functions: `Cls.apply(*args)` for a subclass `Cls` of
-`torch.autograd.Function`, captured as ONE opaque graph node `call_function(Cls.apply, args)`.
+"""Custom autograd Functions: `Cls.apply(*args, **kwargs)` for a subclass `Cls` of
+`torch.autograd.Function`, captured as ONE opaque graph node `call_function(Cls_apply, args,
+kwargs)`.
 
-At run time the graph calls the real `Cls.apply` on the real tensors, so autograd records the
+At run time the graph calls the real `Cls.apply` on the real tensors (with the frame's own
+positional and keyword arguments, so apply binds them as in eager), so autograd records the
 user's Function exactly as in eager (its `backward` runs on `.backward()`); aot backends trace
 through the call with make_fx. Capturing is only sound when running `apply` inside the graph
 is indistinguishable from running it at its place in the frame, which this module proves by
 *speculation*: `forward` (and `setup_context`, then `backward`) are traced with the converter
 into a throwaway graph (`_SpeculationGraph`: the parent's FakeTensorMode, its own SideEffects
-table, no new graph inputs), over fresh stand-ins of the arguments (tensors: detached fake
-twins; constants; tuples/lists of those) and a modelled `ctx` (`FunctionCtxVariable`). The call
-is refused (the caller graph-breaks there, as for any unmodelled call) when the speculation
-records a side effect visible outside the Function (mutations of existing objects, global or
-attribute stores, prints, logging), writes in place to an input tensor, reads a tensor that is
-not an argument (a global or a module parameter), cannot be traced, or uses `ctx.mark_dirty` /
-`ctx.save_for_forward`; also for keyword arguments, overridden `vmap`, and `forward` /
-`backward` / `setup_context` / `jvp` that are not plain static Python functions. The guards the
-speculation installs (identities of `forward`, `backward`, globals read) are copied to the
-caller's graph. The node's example value is the real `Cls.apply` run on the fake arguments
-under the caller's FakeTensorMode and grad mode, so `requires_grad`, non-differentiable outputs
-and metadata are eager's; only tensors and tuples/lists of tensors may be returned.
+table, no new graph inputs), over fresh stand-ins of the arguments as apply binds them to
+forward (`_bind`: keywords by forward's `__code__`; a setup_context forward gets its
+defaults) (tensors: detached fake twins; constants; tuples/lists of those) and a modelled `ctx`
+(`FunctionCtxVariable`). The call is refused (the caller graph-breaks there, as for any
+unmodelled call) when the speculation records a side effect visible outside the Function
+(mutations of existing objects, global or attribute stores, prints, logging), reads a tensor
+that is not an argument (a global or a module parameter), cannot be traced, or uses
+`ctx.save_for_forward`; also for overridden `vmap`, keyword arguments apply would reject or
+that bind to keyword-only / *args / **kwargs parameters, and `forward` / `backward` /
+`setup_context` / `jvp` that are not plain static Python functions. A forward writing to its
+arguments in place (marked dirty or not) is captured: the node writes at its place in the
+graph, its target's name ends in "_" so the graph's input-mutation check counts it, and an
+argument returned as itself (`ctx.mark_dirty`) keeps its tracker. The guards the speculation
+installs (identities of `forward`, `backward`, globals read, forward's defaults when bound) are
+copied to the caller's graph. The node's example value is the real `Cls.apply` run on the fake
+arguments under the caller's FakeTensorMode and grad mode, so `requires_grad`,
+non-differentiable outputs and metadata are eager's; a tensor or a tuple/list holding tensors
+may be returned, beside constants (None, numbers, strings, tuples/lists of those).
 
 Owns `AutogradFunctionApplyVariable` (the tracker of `Cls.apply`), `apply_of_class` (the hook
 ClassVariable's attribute lookup consults), `build_apply` (the builder's hook for a stored
@@ -499,7 +507,7 @@ class _CtxState:
 class FunctionCtxVariable(VariableTracker):
     """The `ctx` of a speculated Function: attributes stored on it, saved tensors,
     `needs_input_grad`; the methods that change autograd's view of the outputs are modelled
-    (`mark_non_differentiable`, `set_materialize_grads`) or refused (`mark_dirty`)."""
+    (`mark_non_differentiable`, `set_materialize_grads`) and `mark_dirty` (arguments only)."""
 
     state: _CtxState = None  # type: ignore[assignment]
 
