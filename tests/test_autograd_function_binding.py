@@ -1,6 +1,6 @@
 """Custom autograd Functions called with keyword arguments, returning constants beside their
-tensors, writing in place to fresh tensors they compute, and storing private ctx attributes
-(variables/autograd_function.py): captured as one node whose results and gradients are eager's,
+tensors, writing in place to fresh tensors they compute, storing private ctx attributes, with
+classmethod forward/backward (variables/autograd_function.py): captured as one node whose results and gradients are eager's,
 with graph counts at most torch.compile's; what apply would reject stays eager's error."""
 
 import pytest
@@ -274,3 +274,69 @@ def test_store_of_an_autograd_attribute_on_ctx_breaks():
 
     ours, theirs = _run(lambda x: Sneaky.apply(x)[0] * 2, _xs((3,)))
     assert not _captured(ours, Sneaky)
+
+
+# ---- classmethod forward / backward -------------------------------------------------------------
+
+class Scaled(torch.autograd.Function):
+    k = 2.0
+
+    @classmethod
+    def forward(cls, ctx, x, scale=1.0):
+        ctx.save_for_backward(x)
+        return x * cls.k * scale
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * cls.k + x * 0, None
+
+
+class Shake(torch.autograd.Function):
+    @classmethod
+    def forward(cls, ctx, x):
+        return x + x
+
+    @classmethod
+    def backward(cls, ctx, g):
+        return g * 3
+
+
+def test_classmethod_forward_and_backward():
+    ours, theirs = _run(lambda x: Shake.apply(x.cos()).sin(), _xs((3,)))
+    assert ours.count == 1 <= theirs.count
+    assert _captured(ours, Shake)
+    # with a further argument and a class attribute read (torch.compile: 0 graphs here)
+    ours, _ = _run(lambda x: Scaled.apply(x.cos(), 3.0).sin(), _xs((3,)))
+    assert ours.count == 1 and _captured(ours, Scaled)
+
+
+def test_classmethod_class_attribute_change_recompiles():
+    def fn(x):
+        return Scaled.apply(x, 3.0)
+
+    ours = CountingBackend()
+    compiled = ferrodyn.compile(fn, backend=ours)
+    x = torch.randn(3, requires_grad=True)
+    try:
+        compiled(x)
+        compiled(x)
+        Scaled.k = 5.0
+        got, want = compiled(x), fn(x)
+    finally:
+        Scaled.k = 2.0
+    assert torch.equal(got, want)
+    assert ours.count == 2
+
+
+def test_classmethod_forward_with_keywords_raises_eagers_error():
+    # apply binds keywords by forward's __code__ skipping one parameter (ctx), not cls too
+    def fn(x):
+        return Scaled.apply(x, scale=3.0)
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(TypeError) as want:
+        fn(x)
+    with pytest.raises(TypeError) as got:
+        ferrodyn.compile(fn, backend=CountingBackend())(x)
+    assert str(got.value) == str(want.value)

@@ -205,9 +205,9 @@ def _bind(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict) ->
     if not kwargs and not new_style:
         return args
     name = f"{cls.__name__}.apply"
-    fn = _static_function(cls, "forward")
+    fn = _static_function(cls, "forward", classmethods=True)
     code = fn.__code__
-    first = 0 if new_style else 1
+    first = 0 if new_style else 1  # as apply: a classmethod's `cls` is not skipped
     names = code.co_varnames[first:code.co_argcount]
     varargs = bool(code.co_flags & inspect.CO_VARARGS)
     if code.co_kwonlyargcount or code.co_flags & inspect.CO_VARKEYWORDS or \
@@ -263,15 +263,24 @@ def _apply_target(cls: type, writes: bool = False):
     return apply
 
 
-def _static_function(cls: type, name: str):
-    """The plain Python function behind the staticmethod `cls.name`, else None."""
+def _static_function(cls: type, name: str, classmethods: bool = False):
+    """The plain Python function behind the staticmethod `cls.name` (or, when `classmethods`,
+    the classmethod: it then takes `cls` first, see `_is_classmethod`), else None."""
+    kinds = (staticmethod, classmethod) if classmethods else staticmethod
     for klass in cls.__mro__:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
-            if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
+            if isinstance(attr, kinds) and isinstance(attr.__func__, types.FunctionType):
                 return attr.__func__
             return None
     return None
+
+
+def _is_classmethod(cls: type, name: str) -> bool:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return isinstance(klass.__dict__[name], classmethod)
+    return False
 
 
 def _check_class(tx, cls: type, cls_source: Source | None) -> None:
@@ -282,8 +291,8 @@ def _check_class(tx, cls: type, cls_source: Source | None) -> None:
     if cls.vmap is not _BASE_VMAP or getattr(cls, "generate_vmap_rule", False):
         unsupported(f"{name}: an autograd Function with a vmap rule", BreakReason.UNSUPPORTED_CALL)
     for attr in ("forward", "backward"):
-        if _static_function(cls, attr) is None:
-            unsupported(f"{name}.{attr} is not a plain static Python function",
+        if _static_function(cls, attr, classmethods=True) is None:
+            unsupported(f"{name}.{attr} is not a plain static or class Python function",
                         BreakReason.UNSUPPORTED_CALL)
     for attr, base in (("setup_context", _BASE_SETUP_CONTEXT), ("jvp", _BASE_JVP)):
         fn = getattr(cls, attr)
@@ -292,8 +301,14 @@ def _check_class(tx, cls: type, cls_source: Source | None) -> None:
                         BreakReason.UNSUPPORTED_CALL)
     if cls_source is not None:  # what apply calls: guard that it stays the same
         for attr in ("forward", "backward", "setup_context", "jvp", "vmap"):
-            tx.output.install_guard(AttrSource(cls_source, attr), GuardKind.ID_MATCH,
-                                    getattr(cls, attr))
+            if _is_classmethod(cls, attr):  # a new bound method per read: guard its function
+                tx.output.install_guard(AttrSource(AttrSource(cls_source, attr), "__func__"),
+                                        GuardKind.ID_MATCH, getattr(cls, attr).__func__)
+                tx.output.install_guard(AttrSource(AttrSource(cls_source, attr), "__self__"),
+                                        GuardKind.ID_MATCH, cls)
+            else:
+                tx.output.install_guard(AttrSource(cls_source, attr), GuardKind.ID_MATCH,
+                                        getattr(cls, attr))
 
 
 def _check_arg(tx, name: str, a: VariableTracker) -> None:
@@ -383,12 +398,18 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
             inputs=tuple(i for i in inputs if isinstance(i, TensorVariable))))
 
         def fn_var(attr):
-            fn = getattr(cls, attr)
+            from ferrodyn.variables.user_objects import ClassVariable
             src = AttrSource(cls_source, attr) if cls_source is not None else None
-            return UserFunctionVariable(source=src, fn=fn)
+            if _is_classmethod(cls, attr):  # forward(cls, ctx, ...): cls bound first
+                return _BoundToClass(fn=UserFunctionVariable(
+                    source=AttrSource(src, "__func__") if src is not None else None,
+                    fn=getattr(cls, attr).__func__), cls=ClassVariable(source=cls_source,
+                                                                       value=cls))
+            return UserFunctionVariable(source=src, fn=getattr(cls, attr))
 
         forward = fn_var("forward")
-        stx = InstructionTranslator(forward.fn.__code__, forward.fn.__globals__, spec, {}, {},
+        code_of = forward.fn.fn if isinstance(forward, _BoundToClass) else forward.fn
+        stx = InstructionTranslator(code_of.__code__, code_of.__globals__, spec, {}, {},
                                     lambda n: None)
         torch._C._set_grad_enabled(False)
         if cls.setup_context is not _BASE_SETUP_CONTEXT:
@@ -489,6 +510,17 @@ def _is_constant_tracker(tx, v: VariableTracker) -> bool:
     if type(v) in (TupleVariable, ListVariable):
         return all(_is_constant_tracker(tx, i) for i in v.unpack(tx))
     return False
+
+
+@dataclass(frozen=True, eq=False)
+class _BoundToClass(VariableTracker):
+    """A classmethod forward/backward of the Function: `fn` called with `cls` first."""
+
+    fn: VariableTracker = None  # type: ignore[assignment]
+    cls: VariableTracker = None  # type: ignore[assignment]
+
+    def call_function(self, tx, args, kwargs):
+        return self.fn.call_function(tx, [self.cls, *args], kwargs)
 
 
 # ---- ctx --------------------------------------------------------------------------------------
