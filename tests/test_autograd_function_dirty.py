@@ -204,3 +204,27 @@ def test_written_frame_input_leaf_that_requires_grad():
         results.append((out, x.detach().clone(), torch.autograd.grad(out.sum(), x)[0]))
     for got, want in zip(results[1], results[0]):
         assert torch.equal(got, want)
+
+
+class MarkOnly(torch.autograd.Function):
+    """Marks its argument dirty without writing it: apply still returns the argument itself."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 5
+
+
+def test_dirty_argument_not_written_is_still_the_result():
+    def fn(x):
+        y = x * 1
+        z = MarkOnly.apply(y)
+        return z is y, z * 2, y + 1
+
+    ours, theirs = _run(fn, _xs((3,)))
+    assert ours.count == 1 <= theirs.count
+    assert _captured(ours, MarkOnly)

@@ -451,7 +451,7 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
         torch._C._set_grad_enabled(grad)
     for g in spec.guards.values():
         tx.output.guards.setdefault(g, g)
-    return writes
+    return writes or bool(ctx.state.dirty)  # a dirty argument is returned as itself
 
 
 def _writes_to_input(spec: _SpeculationGraph) -> bool:
