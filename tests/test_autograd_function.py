@@ -1,8 +1,9 @@
 """Custom `torch.autograd.Function`s (`Cls.apply(...)`) captured as one graph node that calls the
 real `apply` (variables/autograd_function.py): results, `requires_grad` and gradients through
 the graph are eager's (the user's backward runs), graph counts are at most torch.compile's. A
-Function whose forward has an effect outside it (print, a global mutation, an in-place write
-to an input, `mark_dirty`) is refused: the graph breaks at the call and values stay eager's."""
+Function whose forward has an effect outside it (print, a global mutation) is refused: the
+graph breaks at the call and values stay eager's. Functions writing to their arguments
+(`mark_dirty` or not): test_autograd_function_dirty.py."""
 
 import pytest
 import torch
@@ -119,29 +120,6 @@ class GlobalMutation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * 2
-
-
-class Dirty(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.mul_(2)
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
-class InPlaceNoMark(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.add_(1)
-        return x * 1
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
 
 
 SHIFT = torch.tensor([0.5, -1.0, 2.0])
@@ -493,30 +471,6 @@ def test_forward_that_mutates_a_global_breaks():
     assert LOG == [1] * 3
     assert not _captured(ours, GlobalMutation)
     assert ours.count == 3 and theirs.count == 1
-
-
-def test_mark_dirty_breaks():
-    def fn(x):
-        y = x * 1
-        z = Dirty.apply(y)
-        return z + y
-
-    # torch.compile captures in-place Functions (1 graph); ferrodyn refuses them (the result
-    # is an input, mutated): a break at the call, the eager forward frame captured on its own
-    ours, theirs = _run(fn, _x(3))
-    assert not _captured(ours, Dirty)
-    assert ours.count == 3 and theirs.count == 1
-
-
-def test_in_place_write_to_an_input_breaks():
-    def fn(x):
-        y = x * 1
-        z = InPlaceNoMark.apply(y)
-        return z + y
-
-    ours, theirs = _run(fn, _x(3, grad=False))
-    assert not _captured(ours, InPlaceNoMark)
-    assert ours.count == 3 and theirs.count == 1  # as for mark_dirty
 
 
 def test_forward_reading_a_global_tensor_breaks():

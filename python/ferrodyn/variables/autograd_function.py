@@ -1,24 +1,32 @@
-"""Custom autograd Functions: `Cls.apply(*args)` for a subclass `Cls` of
-`torch.autograd.Function`, captured as ONE opaque graph node `call_function(Cls.apply, args)`.
+"""Custom autograd Functions: `Cls.apply(*args, **kwargs)` for a subclass `Cls` of
+`torch.autograd.Function`, captured as ONE opaque graph node `call_function(Cls_apply, args,
+kwargs)`.
 
-At run time the graph calls the real `Cls.apply` on the real tensors, so autograd records the
+At run time the graph calls the real `Cls.apply` on the real tensors (with the frame's own
+positional and keyword arguments, so apply binds them as in eager), so autograd records the
 user's Function exactly as in eager (its `backward` runs on `.backward()`); aot backends trace
 through the call with make_fx. Capturing is only sound when running `apply` inside the graph
 is indistinguishable from running it at its place in the frame, which this module proves by
 *speculation*: `forward` (and `setup_context`, then `backward`) are traced with the converter
 into a throwaway graph (`_SpeculationGraph`: the parent's FakeTensorMode, its own SideEffects
-table, no new graph inputs), over fresh stand-ins of the arguments (tensors: detached fake
-twins; constants; tuples/lists of those) and a modelled `ctx` (`FunctionCtxVariable`). The call
-is refused (the caller graph-breaks there, as for any unmodelled call) when the speculation
-records a side effect visible outside the Function (mutations of existing objects, global or
-attribute stores, prints, logging), writes in place to an input tensor, reads a tensor that is
-not an argument (a global or a module parameter), cannot be traced, or uses `ctx.mark_dirty` /
-`ctx.save_for_forward`; also for keyword arguments, overridden `vmap`, and `forward` /
-`backward` / `setup_context` / `jvp` that are not plain static Python functions. The guards the
-speculation installs (identities of `forward`, `backward`, globals read) are copied to the
-caller's graph. The node's example value is the real `Cls.apply` run on the fake arguments
-under the caller's FakeTensorMode and grad mode, so `requires_grad`, non-differentiable outputs
-and metadata are eager's; only tensors and tuples/lists of tensors may be returned.
+table, no new graph inputs), over fresh stand-ins of the arguments as apply binds them to
+forward (`_bind`: keywords by forward's `__code__`; a setup_context forward gets its
+defaults) (tensors: detached fake twins; constants; tuples/lists of those) and a modelled `ctx`
+(`FunctionCtxVariable`). The call is refused (the caller graph-breaks there, as for any
+unmodelled call) when the speculation records a side effect visible outside the Function
+(mutations of existing objects, global or attribute stores, prints, logging), reads a tensor
+that is not an argument (a global or a module parameter), cannot be traced, or uses
+`ctx.save_for_forward`; also for overridden `vmap`, keyword arguments apply would reject or
+that bind to keyword-only / *args / **kwargs parameters, and `forward` / `backward` /
+`setup_context` / `jvp` that are not plain static Python functions. A forward writing to its
+arguments in place (marked dirty or not) is captured: the node writes at its place in the
+graph, its target's name ends in "_" so the graph's input-mutation check counts it, and an
+argument returned as itself (`ctx.mark_dirty`) keeps its tracker. The guards the speculation
+installs (identities of `forward`, `backward`, globals read, forward's defaults when bound) are
+copied to the caller's graph. The node's example value is the real `Cls.apply` run on the fake
+arguments under the caller's FakeTensorMode and grad mode, so `requires_grad`,
+non-differentiable outputs and metadata are eager's; a tensor or a tuple/list holding tensors
+may be returned, beside constants (None, numbers, strings, tuples/lists of those).
 
 Owns `AutogradFunctionApplyVariable` (the tracker of `Cls.apply`), `apply_of_class` (the hook
 ClassVariable's attribute lookup consults), `build_apply` (the builder's hook for a stored
@@ -28,6 +36,8 @@ recording ordinary ops (tensor.py) or the graph (output_graph.py).
 
 from __future__ import annotations
 
+import inspect
+import operator
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +49,7 @@ from ferrodyn.guard_spec import GuardKind
 from ferrodyn.output_graph import OutputGraph
 from ferrodyn.source import AttrSource, Source
 from ferrodyn.variables.base import VariableTracker, unsupported
-from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.constant import ConstantVariable, is_constant_value
 from ferrodyn.variables.lists import ListVariable, TupleVariable
 from ferrodyn.variables.tensor import TensorVariable, fx_args, wrap_graph_value
 
@@ -108,20 +118,20 @@ class AutogradFunctionApplyVariable(VariableTracker):
 
 def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict):
     name = f"{cls.__name__}.apply"
-    if kwargs:
-        unsupported(f"{name} with keyword arguments", BreakReason.UNSUPPORTED_CALL)
     if cls_source is None:  # what forward reads could not be guarded
         unsupported(f"{name} of a class not reachable from the frame",
                     BreakReason.UNSUPPORTED_CALL)
     _check_class(tx, cls, cls_source)
     args = [tx.realize(a) for a in args]
-    for a in args:
+    kwargs = {k: tx.realize(v) for k, v in kwargs.items()}
+    for a in (*args, *kwargs.values()):
         _check_arg(tx, name, a)
-    _speculate(tx, cls, cls_source, args)
-    pa, ea, _, _ = fx_args(tx, args, {})
+    writes = _speculate(tx, cls, cls_source, _bind(tx, cls, cls_source, args, kwargs))
+    # the node calls apply with the frame's own arguments: apply binds them as in eager
+    pa, ea, pk, ek = fx_args(tx, args, kwargs)
 
     def run():
-        return cls.apply(*ea)
+        return cls.apply(*ea, **ek)
 
     try:
         example = tx.output.run_fake(run)
@@ -130,47 +140,147 @@ def call_apply(tx, cls: type, cls_source: Source | None, args: list, kwargs: dic
     except Exception as e:
         unsupported(f"{name} raised {type(e).__name__} on fake inputs: {e}",
                     BreakReason.UNSUPPORTED_CALL)
-    if not _tensors_only(example):
+    node = tx.output.create_node("call_function", _apply_target(cls, writes), tuple(pa), pk)
+    if not writes:
+        return _wrap_outputs(tx, node, example, name)
+    # forward writes to arguments in place: the node does so at its place in the graph, so
+    # later ops read the written tensors as in eager; the fold cache is invalidated. An
+    # argument marked dirty (ctx.mark_dirty) is returned as the same object, its autograd
+    # history rebased onto the Function: the output is the argument's own tracker
+    tx.output.mutation_epoch += 1
+    given = [(e, tx.realize(a)) for e, a in zip([*ea, *ek.values()], [*args, *kwargs.values()])
+             if isinstance(e, torch.Tensor)]
+    return _wrap_outputs(tx, node, example, name, given)
+
+
+def _wrap_outputs(tx, node, example, name: str, given=()) -> VariableTracker:
+    """The trackers of apply's result: a tensor, or a tuple/list whose items are tensors
+    (read from the node with getitem) and constants (None, numbers, strings, and tuples/lists
+    of those; eager's apply passes them through unchanged, so they are the fake run's).
+    `given`: (fake, tracker) of the arguments; an output that IS one (a dirty input) is that
+    argument's tracker, so `is` holds and later uses read the written tensor."""
+    for fake, tracker in given:
+        if example is fake:
+            node.meta["example_value"] = example
+            return tracker
+    if isinstance(example, torch.Tensor):
+        return wrap_graph_value(tx, node, example, name)
+    if type(example) not in (tuple, list) or not any(
+            isinstance(v, torch.Tensor) for v in example):
         unsupported(f"{name} returned a {type(example).__name__} (only tensors and tuples or "
-                    f"lists of tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
-    node = tx.output.create_node("call_function", _apply_target(cls), tuple(pa), {})
-    return wrap_graph_value(tx, node, example, name)
+                    f"lists holding tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
+    node.meta["example_value"] = example
+    items = []
+    for i, v in enumerate(example):
+        same = [t for fake, t in given if v is fake]
+        if same:
+            items.append(same[0])
+        elif isinstance(v, torch.Tensor):
+            item = tx.output.create_node("call_function", operator.getitem, (node, i), {})
+            items.append(wrap_graph_value(tx, item, v, name))
+        else:
+            items.append(_constant_output(name, v))
+    return ListVariable.new(items) if type(example) is list else TupleVariable(items=tuple(items))
 
 
-def _apply_target(cls: type):
+def _constant_output(name: str, value) -> VariableTracker:
+    if type(value) in (tuple, list):
+        items = [_constant_output(name, v) for v in value]
+        return ListVariable.new(items) if type(value) is list else \
+            TupleVariable(items=tuple(items))
+    if not is_constant_value(value):
+        unsupported(f"{name} returned a {type(value).__name__} beside its tensors",
+                    BreakReason.UNSUPPORTED_TYPE)
+    return ConstantVariable(value=value)
+
+
+def _bind(tx, cls: type, cls_source: Source | None, args: list, kwargs: dict) -> list:
+    """The arguments eager's apply hands to forward (and to setup_context's `inputs`), bound
+    by forward's `__code__` as apply does. Old-style forward(ctx, ...): keyword arguments fill
+    the positions after the positional ones, with no gap (defaults are not applied). A
+    forward with setup_context: every parameter bound, defaults applied. Refuses what apply
+    would reject (apply raises TypeError) and shapes not modelled (keyword-only or **kwargs
+    parameters, keywords beside *args)."""
+    new_style = cls.setup_context is not _BASE_SETUP_CONTEXT
+    if not kwargs and not new_style:
+        return args
+    name = f"{cls.__name__}.apply"
+    fn = _static_function(cls, "forward", classmethods=True)
+    code = fn.__code__
+    first = 0 if new_style else 1  # as apply: a classmethod's `cls` is not skipped
+    names = code.co_varnames[first:code.co_argcount]
+    varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    if code.co_kwonlyargcount or code.co_flags & inspect.CO_VARKEYWORDS or \
+            (varargs and kwargs):
+        unsupported(f"{name}: binding keyword arguments to a forward with keyword-only, *args "
+                    f"or **kwargs parameters", BreakReason.UNSUPPORTED_CALL)
+    if len(args) > len(names) and not varargs:
+        unsupported(f"{name}: too many arguments for forward", BreakReason.UNSUPPORTED_CALL)
+    for k in kwargs:
+        if k not in names or names.index(k) < len(args):
+            unsupported(f"{name}: keyword argument {k!r} that forward cannot bind",
+                        BreakReason.UNSUPPORTED_CALL)
+    end = len(names) if new_style else \
+        max((names.index(k) + 1 for k in kwargs), default=len(args))
+    defaults = fn.__defaults__ or ()
+    first_default = code.co_argcount - first - len(defaults)
+    bound, used_default = list(args), False
+    for i in range(len(args), end):
+        if names[i] in kwargs:
+            bound.append(kwargs[names[i]])
+        elif new_style and i >= first_default and is_constant_value(defaults[i - first_default]):
+            bound.append(ConstantVariable(value=defaults[i - first_default]))
+            used_default = True
+        else:
+            unsupported(f"{name}: forward's parameter {names[i]!r} left unbound (or bound to a "
+                        f"non-constant default)", BreakReason.UNSUPPORTED_CALL)
+    if used_default:
+        if not is_constant_value(defaults):
+            unsupported(f"{name}: forward's defaults are not constants",
+                        BreakReason.UNSUPPORTED_CALL)
+        tx.output.install_guard(AttrSource(AttrSource(cls_source, "forward"), "__defaults__"),
+                                GuardKind.EQUALS, defaults)
+    return bound
+
+
+def _apply_target(cls: type, writes: bool = False):
     """The node's target: a Python function calling `cls.apply` (torch.fx names a target by
     its module, which a bound C method lacks). Like any compiled graph's callees in
     torch.compile, forward runs without frame capture."""
     from ferrodyn.eval_frame import _set_eval_frame as set_eval_frame
 
-    def apply(*args):
+    def apply(*args, **kwargs):
         prior = set_eval_frame(None)
         try:
-            return cls.apply(*args)
+            return cls.apply(*args, **kwargs)
         finally:
             set_eval_frame(prior)
-    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    # a Function whose forward writes to its arguments: its name ends in "_" like every
+    # in-place target, so the graph's input-mutation check (OutputGraph._writes_input) counts it
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply" + ("_" if writes else "")
     apply.__module__ = __name__
     apply.autograd_function = cls
     return apply
 
 
-def _tensors_only(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    return type(value) in (tuple, list) and len(value) > 0 and \
-        all(isinstance(v, torch.Tensor) for v in value)
-
-
-def _static_function(cls: type, name: str):
-    """The plain Python function behind the staticmethod `cls.name`, else None."""
+def _static_function(cls: type, name: str, classmethods: bool = False):
+    """The plain Python function behind the staticmethod `cls.name` (or, when `classmethods`,
+    the classmethod: it then takes `cls` first, see `_is_classmethod`), else None."""
+    kinds = (staticmethod, classmethod) if classmethods else staticmethod
     for klass in cls.__mro__:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
-            if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
+            if isinstance(attr, kinds) and isinstance(attr.__func__, types.FunctionType):
                 return attr.__func__
             return None
     return None
+
+
+def _is_classmethod(cls: type, name: str) -> bool:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return isinstance(klass.__dict__[name], classmethod)
+    return False
 
 
 def _check_class(tx, cls: type, cls_source: Source | None) -> None:
@@ -181,8 +291,8 @@ def _check_class(tx, cls: type, cls_source: Source | None) -> None:
     if cls.vmap is not _BASE_VMAP or getattr(cls, "generate_vmap_rule", False):
         unsupported(f"{name}: an autograd Function with a vmap rule", BreakReason.UNSUPPORTED_CALL)
     for attr in ("forward", "backward"):
-        if _static_function(cls, attr) is None:
-            unsupported(f"{name}.{attr} is not a plain static Python function",
+        if _static_function(cls, attr, classmethods=True) is None:
+            unsupported(f"{name}.{attr} is not a plain static or class Python function",
                         BreakReason.UNSUPPORTED_CALL)
     for attr, base in (("setup_context", _BASE_SETUP_CONTEXT), ("jvp", _BASE_JVP)):
         fn = getattr(cls, attr)
@@ -191,8 +301,14 @@ def _check_class(tx, cls: type, cls_source: Source | None) -> None:
                         BreakReason.UNSUPPORTED_CALL)
     if cls_source is not None:  # what apply calls: guard that it stays the same
         for attr in ("forward", "backward", "setup_context", "jvp", "vmap"):
-            tx.output.install_guard(AttrSource(cls_source, attr), GuardKind.ID_MATCH,
-                                    getattr(cls, attr))
+            if _is_classmethod(cls, attr):  # a new bound method per read: guard its function
+                tx.output.install_guard(AttrSource(AttrSource(cls_source, attr), "__func__"),
+                                        GuardKind.ID_MATCH, getattr(cls, attr).__func__)
+                tx.output.install_guard(AttrSource(AttrSource(cls_source, attr), "__self__"),
+                                        GuardKind.ID_MATCH, cls)
+            else:
+                tx.output.install_guard(AttrSource(cls_source, attr), GuardKind.ID_MATCH,
+                                        getattr(cls, attr))
 
 
 def _check_arg(tx, name: str, a: VariableTracker) -> None:
@@ -262,7 +378,7 @@ def _stand_ins(tx, spec: _SpeculationGraph, a: VariableTracker, memo: dict,
     return new
 
 
-def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
+def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
     """Trace forward (+ setup_context) and backward into a throwaway graph; refuse on any
     effect outside the Function. Copies the guards it installed to the caller's graph."""
     from ferrodyn.symbolic.translator import InstructionTranslator
@@ -277,15 +393,23 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         # as eager: whether each argument is a tensor that requires grad (grad mode aside)
         needs = tuple(bool(isinstance(a, TensorVariable) and a.example.requires_grad)
                       for a in args)
-        ctx = FunctionCtxVariable(state=_CtxState(needs_input_grad=needs))
+        ctx = FunctionCtxVariable(state=_CtxState(
+            needs_input_grad=needs,
+            inputs=tuple(i for i in inputs if isinstance(i, TensorVariable))))
 
         def fn_var(attr):
-            fn = getattr(cls, attr)
+            from ferrodyn.variables.user_objects import ClassVariable
             src = AttrSource(cls_source, attr) if cls_source is not None else None
-            return UserFunctionVariable(source=src, fn=fn)
+            if _is_classmethod(cls, attr):  # forward(cls, ctx, ...): cls bound first
+                return _BoundToClass(fn=UserFunctionVariable(
+                    source=AttrSource(src, "__func__") if src is not None else None,
+                    fn=getattr(cls, attr).__func__), cls=ClassVariable(source=cls_source,
+                                                                       value=cls))
+            return UserFunctionVariable(source=src, fn=getattr(cls, attr))
 
         forward = fn_var("forward")
-        stx = InstructionTranslator(forward.fn.__code__, forward.fn.__globals__, spec, {}, {},
+        code_of = forward.fn.fn if isinstance(forward, _BoundToClass) else forward.fn
+        stx = InstructionTranslator(code_of.__code__, code_of.__globals__, spec, {}, {},
                                     lambda n: None)
         torch._C._set_grad_enabled(False)
         if cls.setup_context is not _BASE_SETUP_CONTEXT:
@@ -297,11 +421,12 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         outs = _output_tensors(name, stx, out)
         if spec.side_effects.has_effects:
             unsupported(f"{cls.__name__}.forward has side effects", BreakReason.SIDE_EFFECT)
-        if spec._mutates_inputs():
-            unsupported(f"{cls.__name__}.forward writes in place to an input",
-                        BreakReason.SIDE_EFFECT)
+        writes = _writes_to_input(spec)
         grads = []
         for o in outs:
+            if o is None:
+                grads.append(ConstantVariable(value=None))
+                continue
             with spec.fake_mode:
                 g = torch.zeros_like(o.example).detach()
             node = spec.graph.placeholder(f"grad{len(grads)}")
@@ -326,17 +451,76 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> None:
         torch._C._set_grad_enabled(grad)
     for g in spec.guards.values():
         tx.output.guards.setdefault(g, g)
+    return writes or bool(ctx.state.dirty)  # a dirty argument is returned as itself
 
 
-def _output_tensors(name: str, tx, out: VariableTracker) -> list[TensorVariable]:
+def _writes_to_input(spec: _SpeculationGraph) -> bool:
+    """Whether an in-place op of forward writes to the storage of an argument. Only the
+    tensors an op writes count (its self / first argument, `out=`), not every tensor it
+    reads (`out += bias.expand_as(out)` reads an argument and writes a fresh tensor). Refuses
+    a write to something that is not a traced tensor (the check cannot place it)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from ferrodyn.variables.tensor import _is_inplace
+    if spec.mutation_epoch == 0:
+        return False
+    inputs = spec._input_storages()
+
+    def written(node):
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return []
+        out = []
+        if _is_inplace(node.op, node.target) or node.kwargs.get("inplace") is True:
+            out.append(node.args[0])
+        if "out" in node.kwargs:
+            out.append(node.kwargs["out"])
+        flat = []
+        for o in out:
+            flat.extend(o if isinstance(o, (tuple, list)) else [o])
+        return flat
+
+    for node in spec.graph.nodes:
+        for arg in written(node):
+            ex = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
+            if not isinstance(ex, torch.Tensor):
+                unsupported(f"an in-place {node.target} on a value that is not a tensor",
+                            BreakReason.UNSUPPORTED_CALL)
+            if StorageWeakRef(ex.untyped_storage()) in inputs:
+                return True
+    return False
+
+
+def _output_tensors(name: str, tx, out: VariableTracker) -> list[TensorVariable | None]:
+    """forward's outputs as backward sees them: a tensor each, None for a constant output
+    (autograd gives a non-tensor output no gradient)."""
     if isinstance(out, TensorVariable):
         return [out]
     if isinstance(out, (TupleVariable, ListVariable)):
         items = [tx.realize(i) for i in out.unpack(tx)]
-        if items and all(isinstance(i, TensorVariable) for i in items):
-            return items
+        if any(isinstance(i, TensorVariable) for i in items) and \
+                all(isinstance(i, TensorVariable) or _is_constant_tracker(tx, i) for i in items):
+            return [i if isinstance(i, TensorVariable) else None for i in items]
     unsupported(f"{name}: forward returned {out.describe()} (only tensors and tuples or lists "
-                f"of tensors are captured)", BreakReason.UNSUPPORTED_TYPE)
+                f"of tensors and constants are captured)", BreakReason.UNSUPPORTED_TYPE)
+
+
+def _is_constant_tracker(tx, v: VariableTracker) -> bool:
+    v = tx.realize(v)
+    if isinstance(v, ConstantVariable):
+        return True
+    if type(v) in (TupleVariable, ListVariable):
+        return all(_is_constant_tracker(tx, i) for i in v.unpack(tx))
+    return False
+
+
+@dataclass(frozen=True, eq=False)
+class _BoundToClass(VariableTracker):
+    """A classmethod forward/backward of the Function: `fn` called with `cls` first."""
+
+    fn: VariableTracker = None  # type: ignore[assignment]
+    cls: VariableTracker = None  # type: ignore[assignment]
+
+    def call_function(self, tx, args, kwargs):
+        return self.fn.call_function(tx, [self.cls, *args], kwargs)
 
 
 # ---- ctx --------------------------------------------------------------------------------------
@@ -347,13 +531,15 @@ class _CtxState:
     attrs: dict = field(default_factory=dict)
     saved: tuple | None = None
     in_backward: bool = False
+    inputs: tuple = ()  # the stand-ins forward received
+    dirty: list = field(default_factory=list)  # the inputs marked dirty
 
 
 @dataclass(frozen=True, eq=False)
 class FunctionCtxVariable(VariableTracker):
     """The `ctx` of a speculated Function: attributes stored on it, saved tensors,
     `needs_input_grad`; the methods that change autograd's view of the outputs are modelled
-    (`mark_non_differentiable`, `set_materialize_grads`) or refused (`mark_dirty`)."""
+    (`mark_non_differentiable`, `set_materialize_grads`) and `mark_dirty` (arguments only)."""
 
     state: _CtxState = None  # type: ignore[assignment]
 
@@ -381,12 +567,18 @@ class FunctionCtxVariable(VariableTracker):
             or (name == "saved_tensors" and self.state.saved is not None)
 
     def setattr(self, tx, name, value):
-        if name in _CTX_METHODS or name in ("saved_tensors", "needs_input_grad") or \
-                name.startswith("_") or hasattr(torch.autograd.function.FunctionCtx, name) or \
-                hasattr(torch._C._FunctionBase, name):
+        # the ctx is an instance of Cls._backward_cls (a BackwardCFunction): a store over
+        # one of its class attributes (or a dunder) is autograd's business; any other name,
+        # private ones too (torch.amp.custom_fwd stores ctx._dtype), is a plain attribute
+        if name in _CTX_METHODS or name in _CTX_CLASS_ATTRS or \
+                (name.startswith("__") and name.endswith("__")) or \
+                hasattr(torch.autograd.function.BackwardCFunction, name):
             unsupported(f"store of ctx.{name} (an autograd attribute)",
                         BreakReason.UNSUPPORTED_CALL)
         self.state.attrs[name] = value
+
+
+_CTX_CLASS_ATTRS = ("saved_tensors", "needs_input_grad", "_forward_cls", "_autograd_function_id")
 
 
 def _save_for_backward(tx, ctx, args):
@@ -398,6 +590,17 @@ def _save_for_backward(tx, ctx, args):
             unsupported(f"ctx.save_for_backward of {a.describe()}", BreakReason.UNSUPPORTED_CALL)
         items.append(a)
     ctx.state.saved = tuple(items)
+
+
+def _mark_dirty(tx, ctx, args):
+    """Only tensor arguments of forward may be marked dirty (others refused)."""
+    for a in args:
+        a = tx.realize(a)
+        if not isinstance(a, TensorVariable) or \
+                not any(a.node is i.node for i in ctx.state.inputs):
+            unsupported("ctx.mark_dirty of a tensor that is not an argument",
+                        BreakReason.UNSUPPORTED_CALL)
+        ctx.state.dirty.append(a)
 
 
 def _mark_non_differentiable(tx, ctx, args):
@@ -431,7 +634,7 @@ _CTX_METHODS = {
     "save_for_backward": _in_forward(_save_for_backward),
     "mark_non_differentiable": _in_forward(_mark_non_differentiable),
     "set_materialize_grads": _in_forward(_set_materialize_grads),
-    "mark_dirty": _refuse("mark_dirty"),
+    "mark_dirty": _in_forward(_mark_dirty),
     "save_for_forward": _refuse("save_for_forward"),
 }
 
