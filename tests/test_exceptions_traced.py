@@ -235,8 +235,35 @@ def active_exception_kept_after_inner_handler(x):
     return x + 1, seen
 
 
+class WithFields(Exception):
+    def __init__(self, a, b=None):  # no super().__init__: args stay BaseException.__new__'s
+        self.a = a
+        self.b = b
+
+
+class WithCode(ValueError):
+    def __init__(self, msg, code):
+        super().__init__(msg)
+        self.code = code
+
+
+def user_exception_init_runs(x):
+    r = []
+    try:
+        raise WithFields(2, b=3)
+    except ValueError:
+        r.append("value")
+    except WithFields as e:
+        r.append((e.a, e.b, e.args))
+    try:
+        raise WithCode("bad", 7)
+    except ValueError as e:
+        r.append((e.args, e.code, isinstance(e, WithCode)))
+    return x + r[0][0] + r[1][1], r
+
+
 @pytest.mark.parametrize("fn", [
-    reraise_from_inlined_callee, handler_order_and_finally, raise_from_sets_cause,
+    user_exception_init_runs, reraise_from_inlined_callee, handler_order_and_finally, raise_from_sets_cause,
     raise_from_none_hides_context, context_of_try_and_finally, context_of_except_and_finally,
     raise_cuts_context_cycle, context_attributes_written, exc_info_inside_and_after,
     exc_info_seen_by_inlined_callee, bare_raise_without_exception, str_repr_args,

@@ -63,10 +63,12 @@ class ExceptionVariable(VariableTracker):
             return v if isinstance(v, VariableTracker) else ConstantVariable(value=v)
         if name == "value" and issubclass(self.cls, StopIteration) and _plain(self.cls):
             return self.args[0] if self.args else _NONE
+        if ("attr", name) in self.chain:  # stored by the code (a user __init__)
+            return self.chain[("attr", name)]
         unsupported(f"attribute {name!r} of {self.describe()}", BreakReason.EXCEPTION)
 
     def has_attr(self, tx, name):
-        return hasattr(self.cls, name)
+        return ("attr", name) in self.chain or hasattr(self.cls, name)
 
     def setattr(self, tx, name, value):
         value = tx.realize(value)
@@ -82,6 +84,10 @@ class ExceptionVariable(VariableTracker):
         if name == "__suppress_context__" and value.is_python_constant() \
                 and isinstance(value.as_python_constant(), bool):
             self.set_chain(name, value.as_python_constant())
+            return
+        if not _plain(self.cls) and not any(name in vars(k) for k in self.cls.__mro__) \
+                and not name.startswith("__"):
+            self.chain[("attr", name)] = value  # the instance's __dict__ (no descriptor)
             return
         unsupported(f"setattr {name!r} on {self.describe()}", BreakReason.EXCEPTION)
 
@@ -106,19 +112,62 @@ def _is_none(v) -> bool:
 
 def can_make(cls: type) -> bool:
     """Exception classes whose instances are modelled: builtin ones (Exception's subclasses and
-    GeneratorExit), and user subclasses that keep BaseException's construction."""
+    GeneratorExit), and user subclasses that keep BaseException's `__new__` (a Python
+    `__init__` is inlined by `make`)."""
     if not (isinstance(cls, type) and issubclass(cls, (Exception, GeneratorExit))):
         return False
     if cls.__module__ == "builtins":
         return True
-    return all(k.__module__ == "builtins" or ("__init__" not in vars(k) and
-                                              "__new__" not in vars(k)) for k in cls.__mro__)
+    return all(k.__module__ == "builtins" or "__new__" not in vars(k) for k in cls.__mro__)
+
+
+def _user_init(cls: type):
+    """The Python `__init__` `cls(...)` runs, None when it is BaseException's (a builtin)."""
+    for k in cls.__mro__:
+        if "__init__" in vars(k):
+            return None if k.__module__ == "builtins" else vars(k)["__init__"]
+    return None
 
 
 def make(tx, cls: type, args, kwargs) -> ExceptionVariable:
-    if kwargs:
-        unsupported(f"{cls.__name__}() with keyword arguments", BreakReason.EXCEPTION)
-    return ExceptionVariable(cls=cls, args=tuple(tx.realize(a) for a in args))
+    """`cls(*args, **kwargs)`: BaseException.__new__ stores the positional args; a user
+    `__init__` is then inlined with the new exception as `self` (its attribute stores and
+    `super().__init__(...)` are modelled, see `ExceptionVariable.setattr`, `base_init`)."""
+    import types
+    args = tuple(tx.realize(a) for a in args)
+    init = _user_init(cls)
+    if init is None:
+        if kwargs:
+            unsupported(f"{cls.__name__}() with keyword arguments", BreakReason.EXCEPTION)
+        return ExceptionVariable(cls=cls, args=args)
+    if not isinstance(init, types.FunctionType):
+        unsupported(f"{cls.__name__}.__init__ is not Python code", BreakReason.UNSUPPORTED_CALL)
+    from ferrodyn.variables.builder import build_unsourced
+    exc = ExceptionVariable(cls=cls, args=args)
+    build_unsourced(init).call_function(tx, [exc, *args], dict(kwargs))
+    return exc
+
+
+@dataclass(frozen=True, eq=False)
+class BaseInitVariable(VariableTracker):
+    """`super().__init__` of an exception whose class has a Python `__init__`, reaching
+    BaseException's: the call sets `args` (keyword arguments: TypeError, refused)."""
+
+    exc: ExceptionVariable = None  # type: ignore[assignment]
+
+    def describe(self):
+        return "BaseException.__init__"
+
+    def call_function(self, tx, args, kwargs):
+        if kwargs:
+            unsupported("BaseException.__init__() with keyword arguments",
+                        BreakReason.EXCEPTION)
+        object.__setattr__(self.exc, "args", tuple(tx.realize(a) for a in args))
+        return _NONE
+
+
+def base_init(exc: ExceptionVariable) -> VariableTracker:
+    return BaseInitVariable(exc=exc)
 
 
 def from_real(exc: BaseException) -> ExceptionVariable | None:
@@ -158,7 +207,12 @@ def set_context(tx, exc: ExceptionVariable) -> None:
     `__context__` becomes the exception being handled, after cutting the link that would make
     the chain a cycle (CPython's `_PyErr_SetObject`). A chain that already has a cycle is
     refused (CPython's walk stops at a point this does not model)."""
-    current = handled(tx)
+    chain_to(handled(tx), exc)
+
+
+def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
+    """`set_context` with the handled exception given (`generator.throw()` chains to the
+    generator's own, not to its consumer's)."""
     if current is None or _is_none(current) or current is exc:
         return
     if not isinstance(current, ExceptionVariable):

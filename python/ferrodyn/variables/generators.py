@@ -102,8 +102,12 @@ class GeneratorFrame:
         try:
             if throw is not None:  # raised at the `yield`: the body's handler, or out of it
                 from ferrodyn.symbolic.exceptions import unwind
+                from ferrodyn.variables.exceptions import chain_to
+                # CPython chains it to the exception the body itself is handling, if any
+                # (not to the consumer's: _PyErr_ChainStackItem on the generator's exc_state)
+                chain_to(child.exc_stack[-1] if child.exc_stack else None, throw)
                 child.current = child.instructions[child.ip - 1]
-                unwind(child, TracedException(throw))
+                unwind(child, TracedException(throw, chain=False))
             child.run()
         except TracedException as e:
             self.status = "done"
@@ -143,8 +147,11 @@ class GeneratorFrame:
         if self.status != "suspended":
             self.status = "done"  # a created or finished generator: nothing runs
             return ConstantVariable(value=None)
+        from ferrodyn.variables.exceptions import set_context
+        exit_exc = make(tx, GeneratorExit, (), {})
+        set_context(tx, exit_exc)  # raised in the consumer first (then chained in the body)
         try:
-            item = self.resume(tx, throw=make(tx, GeneratorExit, (), {}))
+            item = self.resume(tx, throw=exit_exc)
         except TracedException as e:
             if issubclass(e.exc.cls, GeneratorExit):
                 return ConstantVariable(value=None)
