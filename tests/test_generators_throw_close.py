@@ -4,7 +4,7 @@ protocol: the exception is raised at the suspended `yield` and the body's own ha
 consumer sees what CPython gives it (the next yielded value, StopIteration with the return
 value, the propagated exception, PEP 479's RuntimeError with its cause). Compared with eager
 (values, logs of what ran, exception types) and with torch.compile's graph count. What is not
-modelled (close()/throw() through `yield from`, a body that yields in close(), throw() into a
+modelled (throw() through `yield from`, a body that yields in close(), throw() into a
 generator that has not started) runs eagerly with eager's result. Cases after PyTorch's
 test/dynamo/test_generator.py, written afresh."""
 
@@ -410,6 +410,49 @@ def close_through_yield_from(x):
     return first, log
 
 
+def close_sub_error_raised_in_body(x):
+    log = []
+
+    def sub():
+        try:
+            yield x + 1
+        finally:
+            log.append("sub finally")
+            raise KeyError("from sub")
+
+    def body():
+        try:
+            yield from sub()
+        except KeyError as e:
+            log.append(("body caught", e.args))
+        finally:
+            log.append("body finally")
+    g = body()
+    first = next(g)
+    g.close()
+    return first, log
+
+
+@pytest.mark.parametrize("fn", [close_through_yield_from, close_sub_error_raised_in_body],
+                         ids=lambda f: f.__name__)
+def test_close_inside_yield_from_closes_sub_generator_first(fn):
+    check_one_graph_like_torch(fn, _x())
+
+
+def throw_through_yield_from(x):
+    def sub():
+        try:
+            yield x + 1
+        except ValueError:
+            yield x + 2
+
+    def body():
+        yield from sub()
+    g = body()
+    first = next(g)
+    return first, g.throw(ValueError), list(g)
+
+
 def close_body_yields_again(x):
     def body():
         try:
@@ -436,7 +479,7 @@ def throw_into_new_generator(x):
 
 
 @pytest.mark.parametrize("fn,words", [
-    (close_through_yield_from, "yield from"),
+    (throw_through_yield_from, "yield from"),
     (close_body_yields_again, "ignored GeneratorExit"),
     (throw_into_new_generator, "not suspended at a yield"),
 ], ids=lambda v: getattr(v, "__name__", ""))

@@ -1,5 +1,5 @@
 """Opcode handlers and unwinding for exceptions raised and handled at trace time (RAISE_VARARGS,
-PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT, RERAISE) — `try`/`except`/`finally` where the raise
+PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT, RERAISE, CLEANUP_THROW) — `try`/`except`/`finally` where the raise
 is decided while tracing.
 
 `unwind(tx, exc)` does what CPython's exception unwinding does for one frame: find the entry of
@@ -121,3 +121,18 @@ def RERAISE(tx, inst):
     if not isinstance(exc, ExceptionVariable):
         unsupported(f"re-raise of {exc.describe()}", BreakReason.EXCEPTION)
     raise TracedException(exc, chain=False)
+
+
+@opcode(since=(3, 12))
+def CLEANUP_THROW(tx, inst):
+    """The handler around `yield from`'s SEND/YIELD_VALUE (an exception thrown into the
+    delegating generator: close()): stack sub-iterator, last sent value, exception. A
+    StopIteration ends the delegation with its value; anything else goes on unwinding."""
+    exc = tx.realize(tx.pop())
+    if not isinstance(exc, ExceptionVariable):
+        unsupported(f"CLEANUP_THROW of {exc.describe()}", BreakReason.EXCEPTION)
+    if not issubclass(exc.cls, StopIteration):
+        raise TracedException(exc, chain=False)
+    del tx.stack[-2:]
+    tx.push(ConstantVariable(value=None))
+    tx.push(exc.var_getattr(tx, "value"))

@@ -68,11 +68,13 @@ class GeneratorFrame:
         return self.code.co_qualname
 
     def resume(self, tx, sent: VariableTracker | None = None,
-               throw: VariableTracker | None = None) -> VariableTracker | None:
+               throw: VariableTracker | None = None,
+               closing: bool = False) -> VariableTracker | None:
         """Run the body from where it stopped to its next `yield` (returns the value) or its
         end (returns None; the return value is `return_value`). `tx` is the consumer; `sent`
         is what the `yield` evaluates to (`send(value)`; None for `next()`); `throw` an
-        exception raised at the `yield` instead (`throw()`, `close()`)."""
+        exception raised at the `yield` instead (`throw()`, `close()`: `closing`, which also
+        reaches a `yield` inside `yield from`, whose sub-generator `close` closed first)."""
         from ferrodyn.symbolic.translator import _RETURNED_NOTHING
         from ferrodyn.variables.exceptions import TracedException
         sent = ConstantVariable(value=None) if sent is None else tx.realize(sent)
@@ -90,8 +92,8 @@ class GeneratorFrame:
             unsupported(f"generator {self.name} resumed more than {MAX_YIELDS} times "
                         f"(infinite generator?)", BreakReason.GENERATOR)
         child = self.translator
-        if throw is not None and self.delegating():
-            unsupported(f"throw()/close() of generator {self.name} suspended in `yield from`",
+        if throw is not None and self.delegating() and not closing:
+            unsupported(f"throw() into generator {self.name} suspended in `yield from`",
                         BreakReason.GENERATOR)
         if self.status == "suspended" and throw is None:
             child.stack.append(sent)  # what `yield` evaluates to
@@ -148,10 +150,25 @@ class GeneratorFrame:
             self.status = "done"  # a created or finished generator: nothing runs
             return ConstantVariable(value=None)
         from ferrodyn.variables.exceptions import set_context
-        exit_exc = make(tx, GeneratorExit, (), {})
-        set_context(tx, exit_exc)  # raised in the consumer first (then chained in the body)
+        exit_exc = None
+        if self.delegating():  # CPython closes the sub-generator first (the body is running)
+            sub = self.translator.stack[-1]
+            if not isinstance(sub, GeneratorVariable):
+                unsupported(f"close() of generator {self.name} delegating to {sub.describe()}",
+                            BreakReason.GENERATOR)
+            self.status = "running"
+            try:
+                sub.frame.close(tx)
+                sub.state.exhausted = True
+            except TracedException as e:
+                exit_exc = e.exc  # the sub-generator's error is raised in the body instead
+            finally:
+                self.status = "suspended"
+        if exit_exc is None:
+            exit_exc = make(tx, GeneratorExit, (), {})
+            set_context(tx, exit_exc)  # raised in the consumer first (then chained in the body)
         try:
-            item = self.resume(tx, throw=exit_exc)
+            item = self.resume(tx, throw=exit_exc, closing=True)
         except TracedException as e:
             if issubclass(e.exc.cls, GeneratorExit):
                 return ConstantVariable(value=None)
