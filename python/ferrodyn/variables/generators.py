@@ -10,15 +10,19 @@ Owns:
 - `GeneratorVariable`: what calling a generator function (plain function, method, an `__iter__`
   written as a generator, a generator expression) returns. It is an iterator tracker, so every
   consumer of iterators (`for`, unpacking, `list`/`tuple`/`dict`/`sum`/`zip`/`enumerate`/`map`,
-  `next`, `in`, `yield from`) drives it lazily; `send(value)` and `close()` too. A
-  StopIteration leaving the body becomes RuntimeError (PEP 479), as in CPython.
-- The refusals (never a wrong value): `throw` and frame attributes (`gi_frame`...); a
-  generator escaping the frame (returned, stored outside it, live across a graph break: it has
-  no reconstruction); a generator left suspended, at the end of the trace or at `close()`,
-  where GeneratorExit would run code of its body (a `finally`, a `with`, an `except` catching
-  it: CPython runs it when the generator is closed or collected); more than `MAX_YIELDS`
-  resumptions (an infinite generator drained by its consumer); a generator resumed while it
-  runs.
+  `next`, `in`, `yield from`) drives it lazily; `send(value)`, `throw(exc)` and `close()` too:
+  throw/close raise the exception at the suspended `yield` (chained as CPython chains it) and
+  the body's own handlers run; close() inside `yield from` closes the sub-generator first; a
+  return from the handler is close()'s result on 3.13+. A StopIteration leaving the body
+  becomes RuntimeError (PEP 479, cause and context set), as in CPython; `next()` of an
+  exhausted generator raises StopIteration in the traced code (with the return value once).
+- The refusals (never a wrong value): frame attributes (`gi_frame`...); `throw()` into a
+  generator not suspended at a yield or suspended in `yield from`; a body that yields again in
+  close(); a generator escaping the frame (returned, stored outside it, live across a graph
+  break: it has no reconstruction); a generator left suspended at the end of the trace where
+  GeneratorExit would run code of its body (a `finally`, a `with`, an `except` catching it:
+  CPython runs it when the generator is collected, a moment this does not model); more than
+  `MAX_YIELDS` resumptions (an infinite generator drained by its consumer).
 A graph break inside a generator's body never resumes inside it (its translator takes no
 `stop_at`): the break moves out to the root frame's instruction, if that one can resume.
 Does not own the opcodes (symbolic/opcodes_control.py: RETURN_GENERATOR, YIELD_VALUE, SEND,
