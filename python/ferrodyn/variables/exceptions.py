@@ -25,6 +25,7 @@ from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
 _NONE = ConstantVariable(value=None)
+_UNKNOWN = object()  # a __context__ set from outside the traced frames
 #: the chaining attributes and their value on a new exception
 _CHAIN_DEFAULTS = {"__context__": None, "__cause__": None, "__suppress_context__": False}
 
@@ -60,6 +61,9 @@ class ExceptionVariable(VariableTracker):
             return build_unsourced(self.cls)
         if name in _CHAIN_DEFAULTS:
             v = self.get_chain(name)
+            if v is _UNKNOWN:
+                unsupported(f"{name} of {self.describe()}: the exception being handled outside "
+                            f"the traced frames is not known", BreakReason.EXCEPTION)
             return v if isinstance(v, VariableTracker) else ConstantVariable(value=v)
         if name == "value" and issubclass(self.cls, StopIteration) and _plain(self.cls):
             return self.args[0] if self.args else _NONE
@@ -199,7 +203,10 @@ def handled(tx) -> VariableTracker | None:
         if tx.exc_stack:
             return tx.exc_stack[-1]
         tx = tx.parent
-    return None
+    # none in the trace: the compiled frame's caller (or, for a resume function, the frame it
+    # continues) may be handling one that the trace does not see
+    unsupported("the exception being handled outside the traced frames is not known",
+                BreakReason.EXCEPTION)
 
 
 def set_context(tx, exc: ExceptionVariable) -> None:
@@ -207,7 +214,12 @@ def set_context(tx, exc: ExceptionVariable) -> None:
     `__context__` becomes the exception being handled, after cutting the link that would make
     the chain a cycle (CPython's `_PyErr_SetObject`). A chain that already has a cycle is
     refused (CPython's walk stops at a point this does not model)."""
-    chain_to(handled(tx), exc)
+    try:
+        current = handled(tx)
+    except Unsupported:  # the caller's exception, unknown here: reading the context refuses
+        exc.set_chain("__context__", _UNKNOWN)
+        return
+    chain_to(current, exc)
 
 
 def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
@@ -222,6 +234,9 @@ def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
         ctx = o.get_chain("__context__")
         if ctx is None:
             break
+        if ctx is _UNKNOWN:
+            unsupported("raise with an exception context from outside the traced frames",
+                        BreakReason.EXCEPTION)
         if ctx is exc:
             o.set_chain("__context__", None)
             break
