@@ -383,19 +383,6 @@ def fully_consumed_finally(x, log):
     return list(guarded()), len(log)
 
 
-def close_runs_finally(x, log):
-    def guarded():
-        try:
-            yield x + 1
-            yield x + 2
-        finally:
-            log.append("closed")
-    g = guarded()
-    first = next(g)
-    g.close()  # runs the finally now
-    return first, list(log)
-
-
 def reversed_generator(x):
     try:
         return reversed(scaled(x, 2))  # TypeError: a generator is not reversible
@@ -418,22 +405,10 @@ def entered_never_exited(x, log):
     return value, list(log)
 
 
-def throw_into(x):
-    g = scaled(x, 3)
-    next(g)
-    try:
-        g.throw(ValueError)
-    except ValueError:
-        return x - 1
-    return x
-
-
 @pytest.mark.parametrize("fn,args,words", [
     (escapes_by_return, (), "escapes the frame"),
     (escapes_into_object, (Holder(),), "escapes the frame"),
     (suspended_in_finally, ([],), "left suspended"),
-    (close_runs_finally, ([],), "close() of generator"),
-    (throw_into, (), "generator.throw"),
     (reversed_generator, (), "not reversible"),
     (entered_never_exited, ([],), "left suspended"),
 ], ids=lambda v: getattr(v, "__name__", ""))

@@ -47,13 +47,13 @@ def try_except(x):
 
 
 def generator_fn(x):
-    yield x
+    yield x  # LINE: where throw() raises it
 
 
 def uses_generator(x):
-    g = generator_fn(x)  # traced (variables/generators.py); throw() is refused
+    g = generator_fn(x)  # traced (variables/generators.py); throw() raises at the yield
     next(g)
-    return g.throw(ValueError)  # LINE
+    return g.throw(ValueError)  # the body does not handle it: uncaught
 
 
 class Logged(threading.local):  # a __setattr__ in C (per-thread storage): refused
@@ -123,7 +123,7 @@ CASES = [
     (prints, (torch.randn(3),), BreakReason.UNSUPPORTED_CALL, prints),
     (raises, (torch.randn(3),), BreakReason.EXCEPTION, raises),
     (try_except, (torch.randn(3),), BreakReason.EXCEPTION, try_except),
-    (uses_generator, (torch.randn(3),), BreakReason.GENERATOR, uses_generator),
+    (uses_generator, (torch.randn(3),), BreakReason.EXCEPTION, generator_fn),
     (sets_attr_with_custom_setattr, (torch.randn(3), Logged()), BreakReason.UNSUPPORTED_CALL,
      sets_attr_with_custom_setattr),
     (sets_slot_on_input, (torch.randn(3), Slotted()), BreakReason.SIDE_EFFECT,

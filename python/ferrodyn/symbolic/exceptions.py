@@ -1,12 +1,14 @@
 """Opcode handlers and unwinding for exceptions raised and handled at trace time (RAISE_VARARGS,
-PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT, RERAISE) — `try`/`except`/`finally` where the raise
+PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT, RERAISE, CLEANUP_THROW) — `try`/`except`/`finally` where the raise
 is decided while tracing.
 
 `unwind(tx, exc)` does what CPython's exception unwinding does for one frame: find the entry of
 the code's exception table that covers the raising instruction, cut the value stack to the
 entry's depth (pushing the offset when `lasti` is set), push the exception and jump to the
-handler; without an entry the signal goes on to the calling translator. The exceptional path of
-`with` blocks (WITH_EXCEPT_START) stays refused.
+handler; without an entry the signal goes on to the calling translator. A new raise (not a
+re-raise) first chains the exception to the one being handled (`__context__`, variables/
+exceptions.py `set_context`). The exceptional path of `with` blocks (WITH_EXCEPT_START) stays
+refused.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from ferrodyn.symbolic.instructions import decode
 from ferrodyn.symbolic.registry import opcode
 from ferrodyn.variables.base import unsupported
 from ferrodyn.variables.constant import ConstantVariable
-from ferrodyn.variables.exceptions import ExceptionVariable, TracedException, can_make, make
+from ferrodyn.variables.exceptions import (
+    ExceptionVariable, TracedException, can_make, handled, make, set_context)
 
 _TABLES: dict[int, tuple[types.CodeType, list, dict]] = {}
 
@@ -35,9 +38,12 @@ def _table(code: types.CodeType):
 
 def unwind(tx, signal: TracedException) -> None:
     """Jump to the handler of the current instruction for `signal.exc`, or re-raise."""
+    if signal.chain:  # a new raise: chained to the exception being handled, once
+        signal.chain = False
+        set_context(tx, signal.exc)
     if not signal.exc.raised_at:
         signal.exc.raised_at.append((tx.code.co_filename, tx.current.lineno))
-        signal = TracedException(signal.exc)
+        signal = TracedException(signal.exc, chain=False)
     entries, index_of = _table(tx.code)
     offset = tx.current.offset
     for entry in entries:
@@ -51,7 +57,7 @@ def unwind(tx, signal: TracedException) -> None:
     raise signal
 
 
-def _exception_of(tx, v) -> ExceptionVariable:
+def exception_of(tx, v) -> ExceptionVariable:
     v = tx.realize(v)
     if isinstance(v, ExceptionVariable):
         return v
@@ -62,13 +68,24 @@ def _exception_of(tx, v) -> ExceptionVariable:
 
 @opcode()
 def RAISE_VARARGS(tx, inst):
-    if inst.arg == 0:
-        if not tx.exc_stack:
-            unsupported("bare raise with no exception being handled", BreakReason.EXCEPTION)
-        raise TracedException(tx.exc_stack[-1])
-    if inst.arg == 2:
-        tx.pop()  # the cause (`raise X from Y`): not observable by the traced code
-    raise TracedException(_exception_of(tx, tx.pop()))
+    if inst.arg == 0:  # bare `raise`: the exception being handled, here or by a caller
+        current = handled(tx)
+        if current is None or (current.is_python_constant() and
+                                current.as_python_constant() is None):
+            raise TracedException(make(tx, RuntimeError, (
+                ConstantVariable(value="No active exception to reraise"),), {}))
+        if not isinstance(current, ExceptionVariable):
+            unsupported(f"re-raise of {current.describe()}", BreakReason.EXCEPTION)
+        raise TracedException(current, chain=False)
+    cause = tx.realize(tx.pop()) if inst.arg == 2 else None
+    exc = exception_of(tx, tx.pop())
+    if cause is not None:  # `raise X from Y`: __cause__ = Y (made if a class), context hidden
+        if cause.is_python_constant() and cause.as_python_constant() is None:
+            exc.set_chain("__cause__", None)
+        else:
+            exc.set_chain("__cause__", exception_of(tx, cause))
+        exc.set_chain("__suppress_context__", True)
+    raise TracedException(exc)
 
 
 @opcode()
@@ -103,4 +120,19 @@ def RERAISE(tx, inst):
     exc = tx.pop()
     if not isinstance(exc, ExceptionVariable):
         unsupported(f"re-raise of {exc.describe()}", BreakReason.EXCEPTION)
-    raise TracedException(exc)
+    raise TracedException(exc, chain=False)
+
+
+@opcode(since=(3, 12))
+def CLEANUP_THROW(tx, inst):
+    """The handler around `yield from`'s SEND/YIELD_VALUE (an exception thrown into the
+    delegating generator: close()): stack sub-iterator, last sent value, exception. A
+    StopIteration ends the delegation with its value; anything else goes on unwinding."""
+    exc = tx.realize(tx.pop())
+    if not isinstance(exc, ExceptionVariable):
+        unsupported(f"CLEANUP_THROW of {exc.describe()}", BreakReason.EXCEPTION)
+    if not issubclass(exc.cls, StopIteration):
+        raise TracedException(exc, chain=False)
+    del tx.stack[-2:]
+    tx.push(ConstantVariable(value=None))
+    tx.push(exc.var_getattr(tx, "value"))

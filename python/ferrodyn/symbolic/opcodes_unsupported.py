@@ -36,7 +36,6 @@ UNSUPPORTED: dict[str, Refusal] = {
     "CHECK_EG_MATCH": Refusal(_EXC, "except* clause"),
     "PREP_RERAISE_STAR": Refusal(_EXC, "except* clause", **_V311),
     "WITH_EXCEPT_START": Refusal(_EXC, "exception inside a with block"),
-    "CLEANUP_THROW": Refusal(_EXC, "generator.throw", **_V312),
     "CALL_INTRINSIC_2": Refusal(_EXC, "except* / type parameters", **_V312),
     # generators, coroutines, async
     "GET_AWAITABLE": Refusal(_GEN, "await"),

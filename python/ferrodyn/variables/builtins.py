@@ -24,6 +24,7 @@ from typing import Any, Callable
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
 from ferrodyn.variables import dunder_new, itertools_vars, namedtuple_vars
+from ferrodyn.variables import exceptions
 from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
 from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
@@ -276,10 +277,11 @@ def _next(tx, it, default=None):
     it = tx.realize(it)
     if not isinstance(it, IteratorVariable):
         unsupported(f"next() of {it.describe()}", BreakReason.UNSUPPORTED_BUILTIN)
+    if default is None:
+        from ferrodyn.variables.generators import next_or_raise
+        return next_or_raise(tx, it)
     item = it.next(tx)
     if item is None:
-        if default is None:
-            unsupported("StopIteration", BreakReason.EXCEPTION)
         return default
     return item
 
@@ -519,6 +521,7 @@ BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
 BUILTIN_HANDLERS.update(itertools_vars.HANDLERS)
 BUILTIN_HANDLERS.update(namedtuple_vars.HANDLERS)
 BUILTIN_HANDLERS.update(dunder_new.HANDLERS)
+BUILTIN_HANDLERS.update(exceptions.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))
 for _fn in ops.COMPARE_FUNCTIONS:

@@ -38,12 +38,13 @@ def is_constant_value(value: Any) -> bool:
 
 
 def fold(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a pure Python function on constants; a raised exception gives up (eager raises it)."""
+    """Run a pure Python function on constants; a raised exception is raised in the traced code
+    when it is modelled exactly (variables/exceptions.py), else gives up (eager raises it)."""
     try:
         return fn(*args, **kwargs)
     except Exception as e:
-        unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}",
-                    BreakReason.EXCEPTION)
+        from ferrodyn.variables.exceptions import raise_real
+        raise_real(e, str(getattr(fn, '__name__', fn)))
 
 
 @dataclass(frozen=True, eq=False)

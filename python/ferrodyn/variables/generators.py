@@ -10,15 +10,19 @@ Owns:
 - `GeneratorVariable`: what calling a generator function (plain function, method, an `__iter__`
   written as a generator, a generator expression) returns. It is an iterator tracker, so every
   consumer of iterators (`for`, unpacking, `list`/`tuple`/`dict`/`sum`/`zip`/`enumerate`/`map`,
-  `next`, `in`, `yield from`) drives it lazily; `send(value)` and `close()` too. A
-  StopIteration leaving the body becomes RuntimeError (PEP 479), as in CPython.
-- The refusals (never a wrong value): `throw` and frame attributes (`gi_frame`...); a
-  generator escaping the frame (returned, stored outside it, live across a graph break: it has
-  no reconstruction); a generator left suspended, at the end of the trace or at `close()`,
-  where GeneratorExit would run code of its body (a `finally`, a `with`, an `except` catching
-  it: CPython runs it when the generator is closed or collected); more than `MAX_YIELDS`
-  resumptions (an infinite generator drained by its consumer); a generator resumed while it
-  runs.
+  `next`, `in`, `yield from`) drives it lazily; `send(value)`, `throw(exc)` and `close()` too:
+  throw/close raise the exception at the suspended `yield` (chained as CPython chains it) and
+  the body's own handlers run; close() inside `yield from` closes the sub-generator first; a
+  return from the handler is close()'s result on 3.13+. A StopIteration leaving the body
+  becomes RuntimeError (PEP 479, cause and context set), as in CPython; `next()` of an
+  exhausted generator raises StopIteration in the traced code (with the return value once).
+- The refusals (never a wrong value): frame attributes (`gi_frame`...); `throw()` into a
+  generator not suspended at a yield or suspended in `yield from`; a body that yields again in
+  close(); a generator escaping the frame (returned, stored outside it, live across a graph
+  break: it has no reconstruction); a generator left suspended at the end of the trace where
+  GeneratorExit would run code of its body (a `finally`, a `with`, an `except` catching it:
+  CPython runs it when the generator is collected, a moment this does not model); more than
+  `MAX_YIELDS` resumptions (an infinite generator drained by its consumer).
 A graph break inside a generator's body never resumes inside it (its translator takes no
 `stop_at`): the break moves out to the root frame's instruction, if that one can resume.
 Does not own the opcodes (symbolic/opcodes_control.py: RETURN_GENERATOR, YIELD_VALUE, SEND,
@@ -27,6 +31,7 @@ GET_YIELD_FROM_ITER, END_SEND) or when a call makes a generator (symbolic/inline
 
 from __future__ import annotations
 
+import sys
 import types
 from dataclasses import dataclass
 from typing import Callable
@@ -66,38 +71,55 @@ class GeneratorFrame:
     def name(self) -> str:
         return self.code.co_qualname
 
-    def resume(self, tx, sent: VariableTracker | None = None) -> VariableTracker | None:
+    def resume(self, tx, sent: VariableTracker | None = None,
+               throw: VariableTracker | None = None,
+               closing: bool = False) -> VariableTracker | None:
         """Run the body from where it stopped to its next `yield` (returns the value) or its
         end (returns None; the return value is `return_value`). `tx` is the consumer; `sent`
-        is what the `yield` evaluates to (`send(value)`; None for `next()`)."""
+        is what the `yield` evaluates to (`send(value)`; None for `next()`); `throw` an
+        exception raised at the `yield` instead (`throw()`, `close()`: `closing`, which also
+        reaches a `yield` inside `yield from`, whose sub-generator `close` closed first)."""
         from ferrodyn.symbolic.translator import _RETURNED_NOTHING
         from ferrodyn.variables.exceptions import TracedException
         sent = ConstantVariable(value=None) if sent is None else tx.realize(sent)
         if self.status == "done":
             return None
         if self.status == "running":
-            unsupported(f"ValueError: generator {self.name} already executing",
-                        BreakReason.EXCEPTION)
+            _raise(tx, ValueError, "generator already executing")
         if self.status == "created" and not _is_none(sent):
-            unsupported("TypeError: can't send non-None value to a just-started generator",
-                        BreakReason.EXCEPTION)
+            _raise(tx, TypeError, "can't send non-None value to a just-started generator")
+        if throw is not None and self.status != "suspended":
+            unsupported(f"throw() into generator {self.name} that is not suspended at a yield",
+                        BreakReason.GENERATOR)
         self.yields += 1
         if self.yields > MAX_YIELDS:
             unsupported(f"generator {self.name} resumed more than {MAX_YIELDS} times "
                         f"(infinite generator?)", BreakReason.GENERATOR)
         child = self.translator
-        if self.status == "suspended":
+        if throw is not None and self.delegating() and not closing:
+            unsupported(f"throw() into generator {self.name} suspended in `yield from`",
+                        BreakReason.GENERATOR)
+        if self.status == "suspended" and throw is None:
             child.stack.append(sent)  # what `yield` evaluates to
         child.parent = tx
         child.returned = _RETURNED_NOTHING
         child.yielded = None
         self.status = "running"
         try:
+            if throw is not None:  # raised at the `yield`: the body's handler, or out of it
+                from ferrodyn.symbolic.exceptions import unwind
+                from ferrodyn.variables.exceptions import chain_to
+                # CPython chains it to the exception the body itself is handling, if any
+                # (not to the consumer's: _PyErr_ChainStackItem on the generator's exc_state)
+                chain_to(child.exc_stack[-1] if child.exc_stack else None, throw)
+                child.current = child.instructions[child.ip - 1]
+                unwind(child, TracedException(throw, chain=False))
             child.run()
         except TracedException as e:
             self.status = "done"
             if issubclass(e.exc.cls, StopIteration):  # 3.11 (3.12+: stopiteration_error)
-                raise TracedException(_stopiteration_runtime_error(tx)) from None
+                raise TracedException(_stopiteration_runtime_error(tx, e.exc),
+                                      chain=False) from None
             raise
         except BaseException:
             self.status = "done"
@@ -111,30 +133,76 @@ class GeneratorFrame:
         self.in_handler = _close_runs_code(child)
         return child.yielded
 
+    def delegating(self) -> bool:
+        """Suspended inside `yield from` (the RESUME after its YIELD_VALUE says so): throw() and
+        close() would go to the sub-iterator first (not modelled)."""
+        nxt = self.translator.instructions[self.translator.ip]
+        return nxt.opname == "RESUME" and (nxt.arg or 0) & 3 == 2
+
     def check_closed_at_end(self, tx) -> None:
         """Refuse, when the trace ends (or breaks), if this generator is left suspended where
         its close() (at garbage collection) would run code of its body."""
         tx.output.side_effects.checks.append(lambda: _check_closed(self))
 
-    def close(self) -> None:
-        """`close()`: nothing runs unless the body is suspended where GeneratorExit would reach
-        its code (refused)."""
+    def close(self, tx) -> VariableTracker:
+        """`close()`: GeneratorExit raised at the suspended `yield`; the body's handlers run.
+        Returns what CPython's close returns (None; 3.13+: the value the body returned)."""
+        from ferrodyn.variables.exceptions import TracedException, make
         if self.status == "running":
-            unsupported(f"ValueError: generator {self.name} already executing",
-                        BreakReason.EXCEPTION)
-        if self.status == "suspended" and self.in_handler:
-            unsupported(f"close() of generator {self.name} suspended inside a try/with block",
+            _raise(tx, ValueError, "generator already executing")
+        if self.status != "suspended":
+            self.status = "done"  # a created or finished generator: nothing runs
+            return ConstantVariable(value=None)
+        from ferrodyn.variables.exceptions import set_context
+        exit_exc = None
+        if self.delegating():  # CPython closes the sub-generator first (the body is running)
+            sub = self.translator.stack[-1]
+            if not isinstance(sub, GeneratorVariable):
+                unsupported(f"close() of generator {self.name} delegating to {sub.describe()}",
+                            BreakReason.GENERATOR)
+            self.status = "running"
+            try:
+                sub.frame.close(tx)
+                sub.state.exhausted = True
+            except TracedException as e:
+                exit_exc = e.exc  # the sub-generator's error is raised in the body instead
+            finally:
+                self.status = "suspended"
+        if exit_exc is None:
+            exit_exc = make(tx, GeneratorExit, (), {})
+            set_context(tx, exit_exc)  # raised in the consumer first (then chained in the body)
+        try:
+            item = self.resume(tx, throw=exit_exc, closing=True)
+        except TracedException as e:
+            if issubclass(e.exc.cls, GeneratorExit):
+                return ConstantVariable(value=None)
+            raise
+        if item is not None:  # CPython: RuntimeError, and the body stays suspended
+            unsupported(f"generator {self.name} ignored GeneratorExit (yielded in close())",
                         BreakReason.GENERATOR)
-        self.status = "done"
+        if sys.version_info >= (3, 13):
+            return self.return_value
+        return ConstantVariable(value=None)
+
+
+def _raise(tx, cls, msg):
+    from ferrodyn.variables.exceptions import TracedException, make
+    raise TracedException(make(tx, cls, (ConstantVariable(value=msg),), {}))
 
 
 def _is_none(v: VariableTracker) -> bool:
     return v.is_python_constant() and v.as_python_constant() is None
 
 
-def _stopiteration_runtime_error(tx):
+def _stopiteration_runtime_error(tx, stop):
+    """PEP 479: the RuntimeError a StopIteration `stop` leaving a generator's body becomes;
+    `stop` is its `__cause__` and `__context__`, as CPython sets them."""
     from ferrodyn.variables.exceptions import make
-    return make(tx, RuntimeError, (ConstantVariable(value="generator raised StopIteration"),), {})
+    err = make(tx, RuntimeError, (ConstantVariable(value="generator raised StopIteration"),), {})
+    err.set_chain("__context__", stop)
+    err.set_chain("__cause__", stop)
+    err.set_chain("__suppress_context__", True)
+    return err
 
 
 def suspend(tx, value: VariableTracker) -> None:
@@ -251,30 +319,53 @@ def _check_closed(frame: GeneratorFrame) -> None:
                     f"handler would run on close)", BreakReason.GENERATOR)
 
 
-def _next(tx, gen, *rest):
-    if rest:
-        unsupported("generator.__next__ with arguments", BreakReason.EXCEPTION)
-    item = gen.next(tx)
+def next_or_raise(tx, it: IteratorVariable) -> VariableTracker:
+    """`next(it)`: the next item, or StopIteration raised in the traced code: with the return
+    value of a generator that ends in this call, with no args otherwise (as CPython)."""
+    from ferrodyn.variables.exceptions import raise_stop_iteration
+    fresh = isinstance(it, GeneratorVariable) and not it.state.exhausted
+    item = it.next(tx)
     if item is None:
-        unsupported("StopIteration", BreakReason.EXCEPTION)
+        raise_stop_iteration(tx, it.frame.return_value if fresh else None)
     return item
 
 
+def _next(tx, gen, *rest):
+    if rest:
+        unsupported("generator.__next__ with arguments", BreakReason.EXCEPTION)
+    return next_or_raise(tx, gen)
+
+
 def _send(tx, gen, value):
+    from ferrodyn.variables.exceptions import raise_stop_iteration
+    fresh = not gen.state.exhausted
     item = gen.send(tx, value)
     if item is None:
-        unsupported("StopIteration", BreakReason.EXCEPTION)
+        raise_stop_iteration(tx, gen.frame.return_value if fresh else None)
     return item
 
 
 def _close(tx, gen):
-    gen.frame.close()
+    result = gen.frame.close(tx)
     gen.state.exhausted = True
-    return ConstantVariable(value=None)
+    return result
 
 
 def _throw(tx, gen, *args, **kwargs):
-    unsupported(f"generator.throw() of {gen.describe()}", BreakReason.GENERATOR)
+    """`throw(exc)` (one argument: an exception class or instance made in the trace)."""
+    from ferrodyn.symbolic.exceptions import exception_of
+    from ferrodyn.variables.exceptions import raise_stop_iteration
+    if len(args) != 1 or kwargs:
+        unsupported("generator.throw() with more than one argument", BreakReason.GENERATOR)
+    exc = exception_of(tx, args[0])
+    if gen.state.exhausted or gen.frame.status != "suspended":
+        unsupported(f"generator.throw() of {gen.describe()} not suspended at a yield",
+                    BreakReason.GENERATOR)
+    item = gen.frame.resume(tx, throw=exc)
+    if item is None:
+        gen.state.exhausted = True
+        raise_stop_iteration(tx, gen.frame.return_value)
+    return item
 
 
 _METHODS: dict[str, Callable] = {
@@ -316,7 +407,7 @@ def stopiteration_error(tx, exc: VariableTracker) -> VariableTracker:
     if not isinstance(exc, ExceptionVariable):
         unsupported(f"exception {exc.describe()} leaving a generator", BreakReason.EXCEPTION)
     if issubclass(exc.cls, StopIteration):
-        return _stopiteration_runtime_error(tx)
+        return _stopiteration_runtime_error(tx, exc)
     return exc
 
 

@@ -50,6 +50,10 @@ class SuperVariable(VariableTracker):
                 continue
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                from ferrodyn.variables import exceptions
+                if name == "__init__" and klass.__module__ == "builtins" and \
+                        isinstance(inst, exceptions.ExceptionVariable):
+                    return exceptions.base_init(inst)  # BaseException's: sets args
                 if attr is object.__init__ and inst is not None:
                     from ferrodyn.variables.builtins import NoOpFunction
                     return NoOpFunction(name="object.__init__")

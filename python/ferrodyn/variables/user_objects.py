@@ -213,8 +213,10 @@ class ObjectLike(VariableTracker):
             if self.source is not None:
                 self.guard_absence(tx)
             raise AttributeAbsent(name)
-        unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}",
-                    BreakReason.EXCEPTION)
+        if self.source is not None:
+            self.guard_absence(tx)
+        from ferrodyn.variables.exceptions import raise_attribute_error
+        raise_attribute_error(tx, cls, name)
 
     def _probe_override(self, tx, cls, override, name) -> bool:
         """`hasattr(obj, name)` through a Python `__getattribute__`: CPython runs the override and
