@@ -145,7 +145,7 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
         from ferrodyn.variables.sets import build_set
         return build_set(tx, value, source, _existing(tx, source, obj=value))
     if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format) or \
-            value is Ellipsis:
+            value is Ellipsis or t is torch.nn.attention.SDPBackend:  # a pybind enum's singletons
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)
     if t is slice and is_constant_value(value):
