@@ -54,6 +54,11 @@ class GradModeVariable(VariableTracker):
     def describe(self):
         return f"grad mode context ({self.mode})"
 
+    def python_type(self):
+        if self.eager_set:
+            return torch.set_grad_enabled
+        return torch.enable_grad if self.mode else torch.no_grad
+
     def var_getattr(self, tx, name):
         if name in ("__enter__", "__exit__"):
             from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
@@ -85,6 +90,9 @@ class AutocastVariable(VariableTracker):
 
     def describe(self):
         return f"autocast{self.args}"
+
+    def python_type(self):
+        return torch.amp.autocast
 
     def var_getattr(self, tx, name):
         if name in ("__enter__", "__exit__"):
@@ -148,18 +156,50 @@ def _cpu_autocast(tx, args, kwargs):
                             state=CtxState())
 
 
+def _grad_mode_arg(tx, args, kwargs, what, kw="mode") -> bool:
+    vals, kvals = _consts(tx, args, kwargs, what)
+    if len(vals) + len(kvals) != 1 or (kvals and kw not in kvals):
+        unsupported(f"TypeError: {what} takes one argument, {kw}", BreakReason.EXCEPTION)
+    mode = kvals.get(kw, vals[0] if vals else None)
+    if not isinstance(mode, bool):  # eager: TypeError for anything but a bool
+        unsupported(f"TypeError: {what} of {type(mode).__name__}", BreakReason.EXCEPTION)
+    return mode
+
+
 def _set_grad_enabled(tx, args, kwargs):
-    vals, kvals = _consts(tx, args, kwargs, "torch.set_grad_enabled")
-    mode = kvals.get("mode", vals[0] if vals else None)
-    return GradModeVariable.create(tx, bool(mode), eager_set=True)
+    return GradModeVariable.create(tx, _grad_mode_arg(tx, args, kwargs, "torch.set_grad_enabled"),
+                                   eager_set=True)
+
+
+def _c_set_grad_enabled(tx, args, kwargs):
+    """`torch._C._set_grad_enabled(mode)`: a plain function returning None (not a context)."""
+    set_grad_mode(tx, _grad_mode_arg(tx, args, kwargs, "torch._C._set_grad_enabled", "enabled"))
+    return ConstantVariable(value=None)
+
+
+def _cuda_autocast(tx, args, kwargs):
+    """`torch.cuda.amp.autocast(enabled, dtype, cache_enabled)`, i.e. `torch.autocast("cuda",
+    ...)` (on a machine without CUDA both warn and stay disabled)."""
+    vals, kvals = _consts(tx, args, kwargs, "torch.cuda.amp.autocast")
+    import inspect
+    sig = inspect.signature(torch.cuda.amp.autocast.__init__)
+    try:
+        bound = sig.bind(None, *vals, **kvals)
+    except TypeError as e:
+        unsupported(f"TypeError: torch.cuda.amp.autocast: {e}", BreakReason.EXCEPTION)
+    bound.apply_defaults()
+    a = bound.arguments
+    return AutocastVariable(args=("cuda", a["dtype"], a["enabled"], a["cache_enabled"]),
+                            state=CtxState())
 
 
 CTX_MANAGER_HANDLERS = {
     torch.no_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, False),
     torch.enable_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, True),
     torch.set_grad_enabled: _set_grad_enabled,
-    torch._C._set_grad_enabled: _set_grad_enabled,
+    torch._C._set_grad_enabled: _c_set_grad_enabled,
     torch.autocast: _autocast,
     torch.amp.autocast: _autocast,
     torch.cpu.amp.autocast: _cpu_autocast,
+    torch.cuda.amp.autocast: _cuda_autocast,
 }
