@@ -46,7 +46,7 @@ def _same(got, want):
         assert got == want
 
 
-def run_both(fn, make_args, outer=torch.enable_grad):
+def run_both(fn, make_args, outer=torch.enable_grad, torch_may_fail=False):
     """fn compiled by ferrodyn (three calls: a miss and two hits) and by torch.compile, each
     against eager on fresh inputs; returns (ferrodyn graphs, torch.compile graphs)."""
     ours, theirs = CountingBackend(), CountingBackend()
@@ -62,9 +62,15 @@ def run_both(fn, make_args, outer=torch.enable_grad):
         assert state_got == state_want
         assert SEEN == seen_want
     torch._dynamo.reset()
-    with outer():
-        torch.compile(fn, backend=theirs)(*make_args())
-    torch._dynamo.reset()
+    try:
+        with outer():
+            torch.compile(fn, backend=theirs)(*make_args())
+    except torch._dynamo.exc.InternalTorchDynamoError:
+        if not torch_may_fail:
+            raise
+        return ours.count, None
+    finally:
+        torch._dynamo.reset()
     return ours.count, theirs.count
 
 
@@ -189,8 +195,9 @@ def test_cuda_amp_autocast_disabled_runs_on_cpu():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours, theirs = run_both(fn, _x(3, 3))
-    assert ours == 1 <= theirs
+        # torch.compile on Python 3.13 fails on torch.cuda.amp.autocast (KeyError: dtype)
+        ours, theirs = run_both(fn, _x(3, 3), torch_may_fail=True)
+    assert ours == 1 and theirs in (None, 1)
 
 
 @pytest.mark.parametrize("bad", [lambda: torch.set_grad_enabled(1), lambda: torch._C._set_grad_enabled(1)])
