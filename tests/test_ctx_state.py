@@ -211,3 +211,16 @@ def test_grad_mode_non_bool_raises_like_eager(bad):
     with pytest.raises(TypeError):
         ferrodyn.compile(fn, backend=CountingBackend())(torch.ones(2))
     assert torch.is_grad_enabled()
+
+
+def test_record_function_with_a_break_inside():
+    def fn(x):
+        y = x ** 2
+        with torch.autograd.profiler.record_function("region"):
+            z = y ** 3
+            probe()
+            z = z + 1
+        return z
+
+    ours, theirs = run_both(fn, _x(3))
+    assert ours == 2 <= theirs

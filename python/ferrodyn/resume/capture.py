@@ -110,13 +110,12 @@ def _exit_live_autocasts(chain: list, n_in: int, exc: Unsupported) -> None:
     instruction's inputs, or around an enclosing level's call, is refused."""
     from ferrodyn.variables.ctx_managers import AutocastVariable
     from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
-    from ferrodyn.variables.state_ctx import StateContextVariable
 
     def live(t):
         return [k for k, v in enumerate(t.stack)
                 if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf)
                 and v.func.name == "__exit__"
-                and isinstance(v.obj, (AutocastVariable, StateContextVariable))]
+                and (isinstance(v.obj, AutocastVariable) or hasattr(v.obj, "exit_at_break"))]
     if any(live(t) for t in chain[:-1]):
         _refuse(exc, "an autocast `with` block encloses the call of an inlined function that breaks")
     tx = chain[-1]
@@ -124,12 +123,13 @@ def _exit_live_autocasts(chain: list, n_in: int, exc: Unsupported) -> None:
     if any(k >= len(tx.stack) - n_in for k in ks):
         _refuse(exc, "an autocast `__exit__` among the breaking instruction's inputs")
     for k in reversed(ks):
-        st = tx.stack[k].obj.state
-        if not st.entered:
+        obj = tx.stack[k].obj
+        if not getattr(getattr(obj, "state", None), "entered", True):
             _refuse(exc, "an autocast `__exit__` of a context that is not entered")
-        if isinstance(tx.stack[k].obj, StateContextVariable):
-            tx.stack[k].obj.exit_at_break(tx)
+        if hasattr(obj, "exit_at_break"):  # state_ctx.py's, profiler_ctx.py's contexts
+            obj.exit_at_break(tx)
             continue
+        st = obj.state
         tx.output.create_node("call_function", torch.amp._exit_autocast, (st.node,), {})
         st.real.__exit__(None, None, None)
         st.entered = False
@@ -199,7 +199,10 @@ def _rebuild_value(tx, v, exc: Unsupported):
         if v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable):
             return ConstantVariable(value=AutocastReenter(tuple(v.obj.args)))
         if v.func.name == "__exit__" and hasattr(v.obj, "reenter"):  # state_ctx.py's kinds
-            return ConstantVariable(value=v.obj.reenter())
+            r = v.obj.reenter()
+            if r is None:
+                _refuse(exc, f"a live {v.obj.describe()} that cannot be entered again")
+            return ConstantVariable(value=r)
         _refuse(exc, f"a live {v.describe()} (only grad-mode and autocast `with` blocks are "
                      "re-entered)")
     if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again
