@@ -23,14 +23,18 @@ SEEN = []
 
 def probe():
     """Records the state it runs under; its print breaks the graph (it runs in the entry)."""
-    SEEN.append(_state())
+    SEEN.append(_probe_state())
     print(end="")
 
 
-def _state():
+def _probe_state():
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             torch._C._is_torch_function_enabled(), tuple(_cur_sdpa_kernel_backends()),
             torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+
+
+def _state():
+    return (*_probe_state(), torch._C._autograd._saved_tensors_hooks_get_disabled_error_message())
 
 
 def _same(got, want):
@@ -224,3 +228,22 @@ def test_record_function_with_a_break_inside():
 
     ours, theirs = run_both(fn, _x(3))
     assert ours == 2 <= theirs
+
+
+def test_disable_saved_tensors_hooks_nested_with_a_break():
+    def fn(x):
+        with torch.autograd.graph.disable_saved_tensors_hooks("outer"):
+            with torch.autograd.graph.disable_saved_tensors_hooks("inner"):
+                y = x * 2
+                probe()
+                y = y.sin()
+            z = y * 3
+        return z
+
+    ours, theirs = run_both(fn, _x(3))
+    assert ours == 2 <= theirs
+    # the graph restores the message it was called under
+    cf = ferrodyn.compile(fn, backend=CountingBackend())
+    with torch.autograd.graph.disable_saved_tensors_hooks("caller"):
+        cf(*_x(3)())
+        assert torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() == "caller"

@@ -1,5 +1,6 @@
 """Context managers that switch one piece of torch's global state other than grad mode and
 autocast: `torch.inference_mode(mode)`, `torch.nn.attention.sdpa_kernel(backends)`,
+`torch.autograd.graph.disable_saved_tensors_hooks(message)`,
 `torch._C.DisableTorchFunctionSubclass()` / `torch._C.DisableTorchFunction()`.
 
 Owns `StateContextVariable` and the table `STATE_CTX_KINDS` saying, per kind, how the state
@@ -48,6 +49,21 @@ def enter_sdpa_kernel(*backends: int) -> list:
 def exit_sdpa_kernel(prev: list) -> None:
     from torch.nn.attention import _sdpa_kernel
     _sdpa_kernel(prev)
+
+
+def enter_saved_tensors_hooks_disabled(message: str):
+    """The graph's `disable_saved_tensors_hooks(message)` enter: returns the message it
+    replaces (None: the hooks were enabled)."""
+    prev = torch._C._autograd._saved_tensors_hooks_get_disabled_error_message()
+    torch._C._autograd._saved_tensors_hooks_disable(message)
+    return prev
+
+
+def exit_saved_tensors_hooks_disabled(prev) -> None:
+    if prev is None:
+        torch._C._autograd._saved_tensors_hooks_enable()
+    else:
+        torch._C._autograd._saved_tensors_hooks_disable(prev)
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,15 @@ def _sdpa_kernel(tx, args, kwargs):
                                 state=CtxState())
 
 
+def _disable_saved_tensors_hooks(tx, args, kwargs):
+    a = _bind(lambda error_message: None, tx, args, kwargs,
+              "torch.autograd.graph.disable_saved_tensors_hooks")
+    if not isinstance(a["error_message"], str):
+        unsupported("disable_saved_tensors_hooks of a non-string message",
+                    BreakReason.UNSUPPORTED_CALL)
+    return StateContextVariable(kind=_SAVED_HOOKS, args=(a["error_message"],), state=CtxState())
+
+
 def _disable_torch_function(kind):
     def handler(tx, args, kwargs):
         if args or kwargs:
@@ -181,6 +206,11 @@ _SDPA = StateKind(
     make_real=torch.nn.attention.sdpa_kernel, enter_fn=enter_sdpa_kernel,
     exit_fn=exit_sdpa_kernel, enter_result=lambda args: {},
     node_args=lambda args: tuple(int(b) for b in args[0]))
+_SAVED_HOOKS = StateKind(
+    name="torch.autograd.graph.disable_saved_tensors_hooks",
+    factory=torch.autograd.graph.disable_saved_tensors_hooks,
+    make_real=torch.autograd.graph.disable_saved_tensors_hooks,
+    enter_fn=enter_saved_tensors_hooks_disabled, exit_fn=exit_saved_tensors_hooks_disabled)
 # Disabling torch function changes nothing for the plain tensors a graph holds (subclasses
 # and modes are refused), so it lives only while tracing: no graph node.
 _DISABLE_TF_SUBCLASS = StateKind(
@@ -190,12 +220,13 @@ _DISABLE_TF = StateKind(
     name="torch._C.DisableTorchFunction", factory=torch._C.DisableTorchFunction,
     make_real=torch._C.DisableTorchFunction)
 
-STATE_CTX_KINDS = (_INFERENCE, _SDPA, _DISABLE_TF_SUBCLASS, _DISABLE_TF)
+STATE_CTX_KINDS = (_INFERENCE, _SDPA, _SAVED_HOOKS, _DISABLE_TF_SUBCLASS, _DISABLE_TF)
 
 STATE_CTX_HANDLERS = {
     torch.inference_mode: _inference_mode,
     torch.autograd.grad_mode.inference_mode: _inference_mode,
     torch.nn.attention.sdpa_kernel: _sdpa_kernel,
+    torch.autograd.graph.disable_saved_tensors_hooks: _disable_saved_tensors_hooks,
     torch._C.DisableTorchFunctionSubclass: _disable_torch_function(_DISABLE_TF_SUBCLASS),
     torch._C.DisableTorchFunction: _disable_torch_function(_DISABLE_TF),
 }
