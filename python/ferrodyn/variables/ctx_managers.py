@@ -66,6 +66,10 @@ class GradModeVariable(VariableTracker):
         return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__" and self.source is not None and not self.eager_set:
+            # eager sets the object's `prev`, which outlives the frame: not modelled
+            unsupported(f"entering a {self.describe()} object made outside the frame",
+                        BreakReason.UNSUPPORTED_CALL)
         if name == "__enter__":
             if not self.eager_set:
                 self.state.prev = torch.is_grad_enabled()
@@ -79,6 +83,53 @@ class GradModeVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         unsupported("grad-mode context manager used as a decorator", BreakReason.UNSUPPORTED_CALL)
+
+    def reconstruct(self, tx):
+        """The object itself (returned, or live at a graph break): made again without running
+        its constructor (set_grad_enabled's would switch the mode), with the `prev` it holds."""
+        if self.source is not None:
+            return super().reconstruct(tx)
+        from ferrodyn.trace_result import OutCall, OutConst
+        prev = self.state.prev if (self.eager_set or self.state.entered) else False
+        if self.state.entered and not self.eager_set and self.state.prev is None:
+            unsupported(f"rebuilding {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+        return OutCall(rebuild_grad_ctx, (OutConst(self.python_type()), OutConst(self.mode),
+                                          OutConst(bool(prev))))
+
+
+def rebuild_grad_ctx(cls, mode: bool, prev: bool):
+    """A `torch.no_grad` / `enable_grad` / `set_grad_enabled` object holding `prev` (what its
+    `__exit__` restores), made without its constructor."""
+    obj = cls.__new__(cls)
+    obj.prev = prev
+    if cls is torch.set_grad_enabled:
+        obj.mode = mode
+    return obj
+
+
+_GRAD_CTX_TYPES = {torch.no_grad: False, torch.enable_grad: True}
+
+
+def build_grad_ctx(tx, value, source, guard) -> GradModeVariable | None:
+    """The tracker of a real grad-mode context object reached from the frame (a resume
+    function's local, an argument), guarded on its type and the attributes its methods read;
+    None for other objects."""
+    from ferrodyn.guard_spec import GuardKind
+    from ferrodyn.source import AttrSource
+    t = type(value)
+    if t is not torch.set_grad_enabled and t not in _GRAD_CTX_TYPES:
+        return None
+    attrs = ("prev", "mode") if t is torch.set_grad_enabled else ("prev",)
+    if any(type(getattr(value, a, None)) is not bool for a in attrs) or \
+            set(vars(value)) != set(attrs):
+        return None
+    guard(tx, source, GuardKind.TYPE_MATCH, t)
+    for a in attrs:
+        guard(tx, AttrSource(source, a), GuardKind.TYPE_MATCH, bool)
+        guard(tx, AttrSource(source, a), GuardKind.EQUALS, getattr(value, a))
+    mode = value.mode if t is torch.set_grad_enabled else _GRAD_CTX_TYPES[t]
+    return GradModeVariable(source=source, mode=mode, eager_set=t is torch.set_grad_enabled,
+                            state=CtxState(prev=value.prev))
 
 
 @dataclass(frozen=True, eq=False)
