@@ -11,6 +11,7 @@ Does not own the generic `with` protocol (opcodes_control.py calls `__enter__`/`
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,10 +61,26 @@ class GradModeVariable(VariableTracker):
         return torch.enable_grad if self.mode else torch.no_grad
 
     def var_getattr(self, tx, name):
+        from ferrodyn.variables.functions import (
+            BoundMethodVariable, MethodOf, UserFunctionVariable,
+        )
         if name in ("__enter__", "__exit__"):
-            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
             return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+        if name == "__class__":
+            from ferrodyn.variables.builder import build_unsourced
+            return build_unsourced(self.python_type())
+        if name in ("mode", "prev") and self.eager_set:  # fixed when set_grad_enabled is made
+            return ConstantVariable(value=self.mode if name == "mode" else self.state.prev)
+        # torch's decorator wrappers call `ctx.clone()`: inlined on this tracker
+        fn = getattr(self.python_type(), name, None)
+        if name == "clone" and isinstance(fn, types.FunctionType):
+            return BoundMethodVariable(func=UserFunctionVariable(fn=fn), obj=self)
         return super().var_getattr(tx, name)
+
+    def has_attr(self, tx, name):
+        if name in ("mode", "prev") and not self.eager_set:  # instance state: not modelled
+            unsupported(f"hasattr({self.describe()}, {name!r})", BreakReason.UNSUPPORTED_TYPE)
+        return name in ("mode", "prev") or hasattr(self.python_type(), name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__enter__" and self.source is not None and not self.eager_set:
@@ -82,6 +99,8 @@ class GradModeVariable(VariableTracker):
         unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_CALL)
 
     def call_function(self, tx, args, kwargs):
+        # torch's `__call__` wraps with functools.wraps (its attribute stores on a function
+        # made in the frame are refused deeper inside): break here, at the decorator call
         unsupported("grad-mode context manager used as a decorator", BreakReason.UNSUPPORTED_CALL)
 
     def reconstruct(self, tx):
@@ -90,9 +109,11 @@ class GradModeVariable(VariableTracker):
         if self.source is not None:
             return super().reconstruct(tx)
         from ferrodyn.trace_result import OutCall, OutConst
-        prev = self.state.prev if (self.eager_set or self.state.entered) else False
-        if self.state.entered and not self.eager_set and self.state.prev is None:
+        if not self.eager_set:
+            # a no_grad/enable_grad object in a resume function would be called as a
+            # decorator there (refused: one break after another); the frame runs eagerly
             unsupported(f"rebuilding {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+        prev = self.state.prev
         return OutCall(rebuild_grad_ctx, (OutConst(self.python_type()), OutConst(self.mode),
                                           OutConst(bool(prev))))
 
@@ -117,7 +138,7 @@ def build_grad_ctx(tx, value, source, guard) -> GradModeVariable | None:
     from ferrodyn.guard_spec import GuardKind
     from ferrodyn.source import AttrSource
     t = type(value)
-    if t is not torch.set_grad_enabled and t not in _GRAD_CTX_TYPES:
+    if t is not torch.set_grad_enabled:  # no_grad/enable_grad objects: user objects
         return None
     attrs = ("prev", "mode") if t is torch.set_grad_enabled else ("prev",)
     if any(type(getattr(value, a, None)) is not bool for a in attrs) or \

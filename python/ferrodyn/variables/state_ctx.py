@@ -84,7 +84,9 @@ class StateContextVariable(VariableTracker):
     state: CtxState = field(default_factory=CtxState)
 
     def python_type(self):
-        return type(self.kind.factory) if not isinstance(self.kind.factory, type) else self.kind.factory
+        import contextlib
+        f = self.kind.factory  # a class, or a `contextlib.contextmanager` function
+        return f if isinstance(f, type) else contextlib._GeneratorContextManager
 
     def identity(self):
         return self.state
