@@ -47,7 +47,7 @@ def test_unsupported_entries_are_opcodes_of_their_versions():
 
 def test_refuse_raises_with_reason():
     class Inst:
-        opname = "WITH_EXCEPT_START"
+        opname = "CHECK_EG_MATCH"
     with pytest.raises(Unsupported) as e:
         refuse(Inst)
     assert e.value.reason is BreakReason.EXCEPTION

@@ -74,17 +74,18 @@ class AutocastReenter:
     function's graph enters it) and gives that context's `__exit__`, called where the
     original's would be, with the original's semantics."""
 
-    def __init__(self, args: tuple):
+    def __init__(self, args: tuple, make=None):
         self.args = args
+        self.make = torch.amp.autocast if make is None else make  # state_ctx.py's kinds too
 
     def __call__(self):
-        ctx = torch.amp.autocast(*self.args)
+        ctx = self.make(*self.args)
         ctx.__enter__()
         return ctx.__exit__
 
     def enter_real(self):
         """The entry's: the context the breaking instruction runs in (exited after it)."""
-        ctx = torch.amp.autocast(*self.args)
+        ctx = self.make(*self.args)
         ctx.__enter__()
         return ctx
 
@@ -113,7 +114,8 @@ def _exit_live_autocasts(chain: list, n_in: int, exc: Unsupported) -> None:
     def live(t):
         return [k for k, v in enumerate(t.stack)
                 if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf)
-                and v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable)]
+                and v.func.name == "__exit__"
+                and (isinstance(v.obj, AutocastVariable) or hasattr(v.obj, "exit_at_break"))]
     if any(live(t) for t in chain[:-1]):
         _refuse(exc, "an autocast `with` block encloses the call of an inlined function that breaks")
     tx = chain[-1]
@@ -121,9 +123,13 @@ def _exit_live_autocasts(chain: list, n_in: int, exc: Unsupported) -> None:
     if any(k >= len(tx.stack) - n_in for k in ks):
         _refuse(exc, "an autocast `__exit__` among the breaking instruction's inputs")
     for k in reversed(ks):
-        st = tx.stack[k].obj.state
-        if not st.entered:
+        obj = tx.stack[k].obj
+        if not getattr(getattr(obj, "state", None), "entered", True):
             _refuse(exc, "an autocast `__exit__` of a context that is not entered")
+        if hasattr(obj, "exit_at_break"):  # state_ctx.py's, profiler_ctx.py's contexts
+            obj.exit_at_break(tx)
+            continue
+        st = obj.state
         tx.output.create_node("call_function", torch.amp._exit_autocast, (st.node,), {})
         st.real.__exit__(None, None, None)
         st.entered = False
@@ -192,6 +198,11 @@ def _rebuild_value(tx, v, exc: Unsupported):
             return ConstantVariable(value=GradModeRestore(bool(v.obj.state.prev)))
         if v.func.name == "__exit__" and isinstance(v.obj, AutocastVariable):
             return ConstantVariable(value=AutocastReenter(tuple(v.obj.args)))
+        if v.func.name == "__exit__" and hasattr(v.obj, "reenter"):  # state_ctx.py's kinds
+            r = v.obj.reenter()
+            if r is None:
+                _refuse(exc, f"a live {v.obj.describe()} that cannot be entered again")
+            return ConstantVariable(value=r)
         _refuse(exc, f"a live {v.describe()} (only grad-mode and autocast `with` blocks are "
                      "re-entered)")
     if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again

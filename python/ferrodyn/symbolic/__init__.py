@@ -22,7 +22,7 @@ from ferrodyn.trace_result import TraceResult
 # Register every handler family (import order does not matter).
 from ferrodyn.symbolic import (  # noqa: F401
     exceptions, opcodes_313, opcodes_build, opcodes_call, opcodes_control, opcodes_load_store,
-    opcodes_ops, opcodes_stack,
+    opcodes_ops, opcodes_stack, opcodes_with,
 )
 
 _GEN_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR \

@@ -7,8 +7,8 @@ the code's exception table that covers the raising instruction, cut the value st
 entry's depth (pushing the offset when `lasti` is set), push the exception and jump to the
 handler; without an entry the signal goes on to the calling translator. A new raise (not a
 re-raise) first chains the exception to the one being handled (`__context__`, variables/
-exceptions.py `set_context`). The exceptional path of `with` blocks (WITH_EXCEPT_START) stays
-refused.
+exceptions.py `set_context`). The exceptional path of `with` blocks (WITH_EXCEPT_START) is
+opcodes_with.py's.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ UNSUPPORTED: dict[str, Refusal] = {
     # exceptions (raising, handling; the exceptional half of `with`)
     "CHECK_EG_MATCH": Refusal(_EXC, "except* clause"),
     "PREP_RERAISE_STAR": Refusal(_EXC, "except* clause", **_V311),
-    "WITH_EXCEPT_START": Refusal(_EXC, "exception inside a with block"),
     "CALL_INTRINSIC_2": Refusal(_EXC, "except* / type parameters", **_V312),
     # generators, coroutines, async
     "GET_AWAITABLE": Refusal(_GEN, "await"),

@@ -144,8 +144,13 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
     if t in (set, frozenset):
         from ferrodyn.variables.sets import build_set
         return build_set(tx, value, source, _existing(tx, source, obj=value))
+    if t in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled):
+        from ferrodyn.variables.ctx_managers import build_grad_ctx
+        var = build_grad_ctx(tx, value, source, _guard)
+        if var is not None:
+            return var
     if isinstance(value, enum.Enum) or t in (torch.dtype, torch.layout, torch.memory_format) or \
-            value is Ellipsis:
+            value is Ellipsis or t is torch.nn.attention.SDPBackend:  # a pybind enum's singletons
         _guard(tx, source, GuardKind.ID_MATCH, value)
         return ConstantVariable(source=source, value=value)
     if t is slice and is_constant_value(value):

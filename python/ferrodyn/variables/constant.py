@@ -28,7 +28,7 @@ CONSTANT_TYPES: tuple[type, ...] = (
 
 
 def is_constant_value(value: Any) -> bool:
-    if isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum) or type(value) is torch.nn.attention.SDPBackend:
         return True
     if type(value) in (tuple, frozenset) or type(value) is torch.Size:
         return all(is_constant_value(v) for v in value)

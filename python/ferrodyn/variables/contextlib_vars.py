@@ -3,8 +3,8 @@ two halves, up to its `yield` on `__enter__` and from it to its end on `__exit__
 `generators.GeneratorFrame` that is suspended in between (its stack and locals kept).
 
 Owns `GeneratorContextManagerVariable` (what `_GeneratorContextManager(func, args, kwds)`
-makes) and its handler, and `ExitStackVariable` (`contextlib.ExitStack`, see its docstring). The exceptional exit (an exception inside the `with` body) stays
-refused by WITH_EXCEPT_START; a generator that yields twice or not at all gives up as CPython
+makes) and its handler, and `ExitStackVariable` (`contextlib.ExitStack`, see its docstring). An exception inside the `with` body reaches `__exit__`
+(symbolic/opcodes_with.py) and is refused there (the generator would have to be thrown into); a generator that yields twice or not at all gives up as CPython
 raises RuntimeError. Does not own `with` (symbolic/opcodes_control.py) or user classes with
 `__enter__`/`__exit__` (user_objects.py, inlined as methods).
 """

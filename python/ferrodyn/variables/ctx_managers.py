@@ -11,6 +11,7 @@ Does not own the generic `with` protocol (opcodes_control.py calls `__enter__`/`
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +55,38 @@ class GradModeVariable(VariableTracker):
     def describe(self):
         return f"grad mode context ({self.mode})"
 
+    def python_type(self):
+        if self.eager_set:
+            return torch.set_grad_enabled
+        return torch.enable_grad if self.mode else torch.no_grad
+
     def var_getattr(self, tx, name):
+        from ferrodyn.variables.functions import (
+            BoundMethodVariable, MethodOf, UserFunctionVariable,
+        )
         if name in ("__enter__", "__exit__"):
-            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
             return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+        if name == "__class__":
+            from ferrodyn.variables.builder import build_unsourced
+            return build_unsourced(self.python_type())
+        if name in ("mode", "prev") and self.eager_set:  # fixed when set_grad_enabled is made
+            return ConstantVariable(value=self.mode if name == "mode" else self.state.prev)
+        # torch's decorator wrappers call `ctx.clone()`: inlined on this tracker
+        fn = getattr(self.python_type(), name, None)
+        if name == "clone" and isinstance(fn, types.FunctionType):
+            return BoundMethodVariable(func=UserFunctionVariable(fn=fn), obj=self)
         return super().var_getattr(tx, name)
 
+    def has_attr(self, tx, name):
+        if name in ("mode", "prev") and not self.eager_set:  # instance state: not modelled
+            unsupported(f"hasattr({self.describe()}, {name!r})", BreakReason.UNSUPPORTED_TYPE)
+        return name in ("mode", "prev") or hasattr(self.python_type(), name)
+
     def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__" and self.source is not None and not self.eager_set:
+            # eager sets the object's `prev`, which outlives the frame: not modelled
+            unsupported(f"entering a {self.describe()} object made outside the frame",
+                        BreakReason.UNSUPPORTED_CALL)
         if name == "__enter__":
             if not self.eager_set:
                 self.state.prev = torch.is_grad_enabled()
@@ -73,7 +99,58 @@ class GradModeVariable(VariableTracker):
         unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_CALL)
 
     def call_function(self, tx, args, kwargs):
+        # torch's `__call__` wraps with functools.wraps (its attribute stores on a function
+        # made in the frame are refused deeper inside): break here, at the decorator call
         unsupported("grad-mode context manager used as a decorator", BreakReason.UNSUPPORTED_CALL)
+
+    def reconstruct(self, tx):
+        """The object itself (returned, or live at a graph break): made again without running
+        its constructor (set_grad_enabled's would switch the mode), with the `prev` it holds."""
+        if self.source is not None:
+            return super().reconstruct(tx)
+        from ferrodyn.trace_result import OutCall, OutConst
+        if not self.eager_set:
+            # a no_grad/enable_grad object in a resume function would be called as a
+            # decorator there (refused: one break after another); the frame runs eagerly
+            unsupported(f"rebuilding {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+        prev = self.state.prev
+        return OutCall(rebuild_grad_ctx, (OutConst(self.python_type()), OutConst(self.mode),
+                                          OutConst(bool(prev))))
+
+
+def rebuild_grad_ctx(cls, mode: bool, prev: bool):
+    """A `torch.no_grad` / `enable_grad` / `set_grad_enabled` object holding `prev` (what its
+    `__exit__` restores), made without its constructor."""
+    obj = cls.__new__(cls)
+    obj.prev = prev
+    if cls is torch.set_grad_enabled:
+        obj.mode = mode
+    return obj
+
+
+_GRAD_CTX_TYPES = {torch.no_grad: False, torch.enable_grad: True}
+
+
+def build_grad_ctx(tx, value, source, guard) -> GradModeVariable | None:
+    """The tracker of a real grad-mode context object reached from the frame (a resume
+    function's local, an argument), guarded on its type and the attributes its methods read;
+    None for other objects."""
+    from ferrodyn.guard_spec import GuardKind
+    from ferrodyn.source import AttrSource
+    t = type(value)
+    if t is not torch.set_grad_enabled:  # no_grad/enable_grad objects: user objects
+        return None
+    attrs = ("prev", "mode") if t is torch.set_grad_enabled else ("prev",)
+    if any(type(getattr(value, a, None)) is not bool for a in attrs) or \
+            set(vars(value)) != set(attrs):
+        return None
+    guard(tx, source, GuardKind.TYPE_MATCH, t)
+    for a in attrs:
+        guard(tx, AttrSource(source, a), GuardKind.TYPE_MATCH, bool)
+        guard(tx, AttrSource(source, a), GuardKind.EQUALS, getattr(value, a))
+    mode = value.mode if t is torch.set_grad_enabled else _GRAD_CTX_TYPES[t]
+    return GradModeVariable(source=source, mode=mode, eager_set=t is torch.set_grad_enabled,
+                            state=CtxState(prev=value.prev))
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +162,9 @@ class AutocastVariable(VariableTracker):
 
     def describe(self):
         return f"autocast{self.args}"
+
+    def python_type(self):
+        return torch.amp.autocast
 
     def var_getattr(self, tx, name):
         if name in ("__enter__", "__exit__"):
@@ -148,18 +228,50 @@ def _cpu_autocast(tx, args, kwargs):
                             state=CtxState())
 
 
+def _grad_mode_arg(tx, args, kwargs, what, kw="mode") -> bool:
+    vals, kvals = _consts(tx, args, kwargs, what)
+    if len(vals) + len(kvals) != 1 or (kvals and kw not in kvals):
+        unsupported(f"TypeError: {what} takes one argument, {kw}", BreakReason.EXCEPTION)
+    mode = kvals.get(kw, vals[0] if vals else None)
+    if not isinstance(mode, bool):  # eager: TypeError for anything but a bool
+        unsupported(f"TypeError: {what} of {type(mode).__name__}", BreakReason.EXCEPTION)
+    return mode
+
+
 def _set_grad_enabled(tx, args, kwargs):
-    vals, kvals = _consts(tx, args, kwargs, "torch.set_grad_enabled")
-    mode = kvals.get("mode", vals[0] if vals else None)
-    return GradModeVariable.create(tx, bool(mode), eager_set=True)
+    return GradModeVariable.create(tx, _grad_mode_arg(tx, args, kwargs, "torch.set_grad_enabled"),
+                                   eager_set=True)
+
+
+def _c_set_grad_enabled(tx, args, kwargs):
+    """`torch._C._set_grad_enabled(mode)`: a plain function returning None (not a context)."""
+    set_grad_mode(tx, _grad_mode_arg(tx, args, kwargs, "torch._C._set_grad_enabled", "enabled"))
+    return ConstantVariable(value=None)
+
+
+def _cuda_autocast(tx, args, kwargs):
+    """`torch.cuda.amp.autocast(enabled, dtype, cache_enabled)`, i.e. `torch.autocast("cuda",
+    ...)` (on a machine without CUDA both warn and stay disabled)."""
+    vals, kvals = _consts(tx, args, kwargs, "torch.cuda.amp.autocast")
+    import inspect
+    sig = inspect.signature(torch.cuda.amp.autocast.__init__)
+    try:
+        bound = sig.bind(None, *vals, **kvals)
+    except TypeError as e:
+        unsupported(f"TypeError: torch.cuda.amp.autocast: {e}", BreakReason.EXCEPTION)
+    bound.apply_defaults()
+    a = bound.arguments
+    return AutocastVariable(args=("cuda", a["dtype"], a["enabled"], a["cache_enabled"]),
+                            state=CtxState())
 
 
 CTX_MANAGER_HANDLERS = {
     torch.no_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, False),
     torch.enable_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, True),
     torch.set_grad_enabled: _set_grad_enabled,
-    torch._C._set_grad_enabled: _set_grad_enabled,
+    torch._C._set_grad_enabled: _c_set_grad_enabled,
     torch.autocast: _autocast,
     torch.amp.autocast: _autocast,
     torch.cpu.amp.autocast: _cpu_autocast,
+    torch.cuda.amp.autocast: _cuda_autocast,
 }

@@ -262,9 +262,10 @@ class TracedException(Unsupported):
 
 
 @dataclass(frozen=True, eq=False)
-class _TracebackVariable(VariableTracker):
-    """The traceback `sys.exc_info()` returns: only its identity is modelled (`tb is None`);
-    anything else (frames, line numbers, reconstruction) is refused."""
+class TracebackVariable(VariableTracker):
+    """The traceback `sys.exc_info()` returns and `__exit__` receives (symbolic/opcodes_with.py):
+    only its identity is modelled (`tb is None`); anything else (frames, line numbers,
+    reconstruction) is refused."""
 
     def python_type(self):
         import types
@@ -282,7 +283,7 @@ def _exc_info(tx):
         return TupleVariable(items=(_NONE, _NONE, _NONE))
     if not isinstance(current, ExceptionVariable):
         unsupported(f"sys.exc_info() while handling {current.describe()}", BreakReason.EXCEPTION)
-    return TupleVariable(items=(build_unsourced(current.cls), current, _TracebackVariable()))
+    return TupleVariable(items=(build_unsourced(current.cls), current, TracebackVariable()))
 
 
 def _exception(tx):

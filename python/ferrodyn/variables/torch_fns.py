@@ -22,6 +22,7 @@ from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
 from ferrodyn.variables.ctx_managers import CTX_MANAGER_HANDLERS
 from ferrodyn.variables.tensor import TensorVariable, record_op
 from ferrodyn.variables.profiler_ctx import PROFILER_HANDLERS
+from ferrodyn.variables.state_ctx import STATE_CTX_HANDLERS
 from ferrodyn.variables.tensor_ctor import handlers as tensor_ctor_handlers
 
 
@@ -94,6 +95,7 @@ def _refuse(reason: BreakReason):
 TORCH_HANDLERS: dict[Any, Callable] = {
     **CTX_MANAGER_HANDLERS,
     **PROFILER_HANDLERS,
+    **STATE_CTX_HANDLERS,
     **tensor_ctor_handlers(),  # torch.tensor of traced values, torch._shape_as_tensor
     torch.is_grad_enabled: _fold(torch.is_grad_enabled),
     torch.is_autocast_enabled: _fold(torch.is_autocast_enabled),
@@ -122,7 +124,6 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.seed: _refuse(BreakReason.SIDE_EFFECT),
     torch.set_rng_state: _refuse(BreakReason.SIDE_EFFECT),
     torch.get_rng_state: _refuse(BreakReason.SIDE_EFFECT),
-    torch.inference_mode: _refuse(BreakReason.UNSUPPORTED_CALL),
     torch.autograd.grad: _refuse(BreakReason.UNSUPPORTED_CALL),
     torch.autograd.backward: _refuse(BreakReason.UNSUPPORTED_CALL),
     torch.nn.Parameter: _refuse(BreakReason.UNSUPPORTED_CALL),
