@@ -235,8 +235,9 @@ def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
         if ctx is None:
             break
         if ctx is _UNKNOWN:
-            unsupported("raise with an exception context from outside the traced frames",
-                        BreakReason.EXCEPTION)
+            # the rest of the chain existed before the frame ran; `exc` was made in the trace
+            # (ExceptionVariable), so it cannot be in it: no cycle to cut there
+            break
         if ctx is exc:
             o.set_chain("__context__", None)
             break
