@@ -45,9 +45,9 @@ from ferrodyn.variables.numpy_vars import build_numpy, build_numpy_unsourced, is
 from ferrodyn.variables.tensor import TensorVariable
 from ferrodyn.variables.torch_fns import TorchFunctionVariable, is_torch_callable
 from ferrodyn.variables.py_modules import PythonModuleVariable
+from ferrodyn.variables.namedtuple_vars import NamedTupleVariable
 from ferrodyn.variables.user_objects import (
-    ClassVariable, NamedTupleVariable, UserObjectVariable, is_identity_hashed,
-    is_namedtuple_class, is_slots_class,
+    ClassVariable, UserObjectVariable, is_identity_hashed, is_namedtuple_class, is_slots_class,
 )
 
 _SCALARS = (bool, int, float, str, bytes, complex)

@@ -329,7 +329,8 @@ def _slice(tx, *args):
 
 
 def _tuple_new(tx, cls, iterable=None):
-    from ferrodyn.variables.user_objects import NamedTupleVariable, is_namedtuple_class
+    from ferrodyn.variables.namedtuple_vars import NamedTupleVariable
+    from ferrodyn.variables.user_objects import is_namedtuple_class
     klass = _const_arg(tx, cls, "tuple.__new__")
     items = _items(tx, iterable) if iterable is not None else []
     if klass is tuple:

@@ -8,23 +8,29 @@ leaves the trace. What escapes (the class itself, or an instance returned or sto
 by the entry from a class it makes on *each* call with the same arguments (once per call,
 shared by every escaping use), so `type(f(x)) is type(f(y))` is False, as eagerly.
 Owns `MadeClass` (the arguments a class was made from), the registry of trace-time classes,
-`FrameNamedTupleClassVariable` and the `collections.namedtuple` handler.
-Does not own namedtuple instances (user_objects.NamedTupleVariable), which ask `made_class_out`
-for the class to rebuild with.
+`FrameNamedTupleClassVariable` and the `collections.namedtuple` handler; and
+`NamedTupleVariable`, the tracker of namedtuple instances and of torch's structseq results
+(`torch.return_types.max`): field reads, Python overrides of tuple's dunders inlined, and
+reconstruction (a class made in the frame is the entry's own, `made_class_out`).
+Does not own classes and other instances (user_objects.py).
 """
 
 from __future__ import annotations
 
 import collections
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from ferrodyn.exc import BreakReason
-from ferrodyn.trace_result import OutCall, OutConst
-from ferrodyn.variables.base import unsupported
+from ferrodyn.source import Source, TypeSource
+from ferrodyn.trace_result import OutCall, OutConst, OutTuple
+from ferrodyn.variables.base import instance_has_attr, unsupported
 from ferrodyn.variables.constant import is_constant_value
-from ferrodyn.variables.user_objects import ClassVariable
+from ferrodyn.variables.lists import TupleVariable
+from ferrodyn.variables.user_objects import (_ABSENT, ClassVariable, _sub, class_attr_tracker,
+                                             lookup_class_attr, pending_class_attr)
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,3 +140,106 @@ def item_sources(cls: type, source, n: int) -> list:
 
 
 HANDLERS = {collections.namedtuple: _namedtuple}
+
+
+@dataclass(frozen=True, eq=False)
+class NamedTupleVariable(TupleVariable):
+    """A namedtuple, or one of torch's structseq results (`torch.return_types.max`)."""
+
+    cls: type = tuple
+    structseq: bool = False
+
+    @staticmethod
+    def make(cls: type, items, source: Source | None = None) -> "NamedTupleVariable":
+        return NamedTupleVariable(source=source, items=tuple(items), cls=cls,
+                                  structseq=not hasattr(cls, "_fields"))
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"{self.cls.__name__} tuple"
+
+    def _fields(self) -> tuple:
+        if hasattr(self.cls, "_fields"):
+            return tuple(self.cls._fields)
+        return tuple(getattr(self.cls, "__match_args__", ()))
+
+    def var_getattr(self, tx, name):
+        fields = self._fields()
+        if name in fields:
+            return self.items[fields.index(name)]
+        pending = pending_class_attr(tx, self.cls, name)
+        if pending is not None:
+            return pending
+        attr = lookup_class_attr(self.cls, name)
+        if attr is not _ABSENT and not isinstance(attr, types.MemberDescriptorType):
+            return class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr,
+                                      self)
+        return super().var_getattr(tx, name)
+
+    def has_attr(self, tx, name):
+        return name in self._fields() or instance_has_attr(self.cls, name)
+
+    def _user_dunder(self, tx, name: str, args: list):
+        """The class's own `name` (a Python override of tuple's) called on this tuple, else
+        None (tuple's behaviour)."""
+        attr = lookup_class_attr(self.cls, name)
+        if not isinstance(attr, types.FunctionType):
+            return None
+        method = class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr, self)
+        return tx.realize(tx.realize(method).call_function(tx, args, {}))
+
+    def getitem(self, tx, index):
+        got = self._user_dunder(tx, "__getitem__", [index])
+        return got if got is not None else super().getitem(tx, index)
+
+    def iterator(self, tx):
+        it = self._user_dunder(tx, "__iter__", [])
+        return it if it is not None else super().iterator(tx)
+
+    def unpack(self, tx):
+        it = self._user_dunder(tx, "__iter__", [])
+        return it.unpack(tx) if it is not None else super().unpack(tx)
+
+    def length(self, tx):
+        n = self._user_dunder(tx, "__len__", [])
+        if n is None:
+            return super().length(tx)
+        if not (n.is_python_constant() and type(n.as_python_constant()) is int):
+            unsupported(f"{self.cls.__name__}.__len__ returned {n.describe()}",
+                        BreakReason.UNSUPPORTED_TYPE)
+        return n.as_python_constant()
+
+    def truth(self, tx):
+        if isinstance(lookup_class_attr(self.cls, "__bool__"), types.FunctionType):
+            return self._user_dunder(tx, "__bool__", []).truth(tx)
+        return self.length(tx) > 0
+
+    def contains(self, tx, item):
+        r = self._user_dunder(tx, "__contains__", [item])
+        return r.truth(tx) if r is not None else super().contains(tx, item)
+
+    def as_python_constant(self):
+        if made_in_frame(self.cls) is not None:  # its class is the entry's own, made per call
+            from ferrodyn.variables.base import NotConstant
+            raise NotConstant(self)
+        vals = TupleVariable(items=self.items).as_python_constant()
+        return self.cls(vals) if self.structseq else self.cls(*vals)
+
+    def fx_arg(self, tx):
+        p, e = super().fx_arg(tx)
+        return p, (self.cls(e) if self.structseq else self.cls(*e))
+
+    def reconstruct(self, tx):
+        if self.source is not None:
+            return super().reconstruct(tx)
+        items = tuple(tx.realize(i).reconstruct(tx) for i in self.items)
+        if self.structseq:
+            return OutCall(self.cls, (OutTuple(items),))
+        made = made_class_out(tx, self.cls)  # a class made in the frame: the entry's own one
+        if made is not None:
+            return OutCall(tuple.__new__, (made, OutTuple(items)))
+        # `_make` builds with tuple.__new__: no user `__new__` frame runs (which would be
+        # intercepted and, inside that very frame's entry, recurse)
+        return OutCall(self.cls._make, (OutTuple(items),))

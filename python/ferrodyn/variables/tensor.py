@@ -436,7 +436,7 @@ def wrap_graph_value(tx, node: torch.fx.Node, example: Any, name: str = "op") ->
             else:
                 unsupported(f"{name} returned a {type(v).__name__}", BreakReason.UNSUPPORTED_TYPE)
         from ferrodyn.variables.lists import ListVariable, TupleVariable
-        from ferrodyn.variables.user_objects import NamedTupleVariable
+        from ferrodyn.variables.namedtuple_vars import NamedTupleVariable
         if type(example) is list:
             return ListVariable.new(items)
         if type(example) is tuple:

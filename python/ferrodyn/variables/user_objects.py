@@ -1,14 +1,14 @@
 """Trackers for instances and classes of user code: objects from the frame, objects created
-while tracing (user classes, dataclasses), namedtuples (and torch's structseq results), and
-classes (`super()` objects: super_vars.py; Python modules: py_modules.py).
+while tracing (user classes, dataclasses), and classes (`super()` objects: super_vars.py;
+Python modules: py_modules.py; namedtuple instances and torch's structseq results:
+namedtuple_vars.py).
 
 Owns attribute lookup as CPython does it: a Python `__getattribute__` override is inlined (never
 bypassed; `hasattr` probes it), else the generic lookup (data descriptors and properties on the
 type, then the instance `__dict__`, then methods / class attributes, with Sources that read the
 instance dict directly, `DictOf(obj)['name']`), then a Python `__getattr__`; `__setattr__`,
 `__setitem__`, `__delitem__` overrides of new objects inlined; builtin slots found on the class
-bound to the instance; dataclass / namedtuple
-reconstruction; objects with `__slots__` only (members read through their descriptors, each
+bound to the instance; dataclass reconstruction; objects with `__slots__` only (members read through their descriptors, each
 read guarded by its source); objects that key dicts by identity (`identity_dict_key`).
 Class-attribute stores are checked in class_attrs.py (lookups here consult its pending values
 first); torch.nn modules built in the frame, in nn_construct.py.
@@ -26,9 +26,8 @@ from typing import Any
 from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
-from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
+from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
-from ferrodyn.variables.lists import TupleVariable
 
 _ABSENT = object()
 
@@ -562,111 +561,6 @@ def rebuild_object(cls: type, names: tuple, values: tuple) -> Any:
     return obj
 
 
-@dataclass(frozen=True, eq=False)
-class NamedTupleVariable(TupleVariable):
-    """A namedtuple, or one of torch's structseq results (`torch.return_types.max`)."""
-
-    cls: type = tuple
-    structseq: bool = False
-
-    @staticmethod
-    def make(cls: type, items, source: Source | None = None) -> "NamedTupleVariable":
-        return NamedTupleVariable(source=source, items=tuple(items), cls=cls,
-                                  structseq=not hasattr(cls, "_fields"))
-
-    def python_type(self):
-        return self.cls
-
-    def describe(self):
-        return f"{self.cls.__name__} tuple"
-
-    def _fields(self) -> tuple:
-        if hasattr(self.cls, "_fields"):
-            return tuple(self.cls._fields)
-        return tuple(getattr(self.cls, "__match_args__", ()))
-
-    def var_getattr(self, tx, name):
-        fields = self._fields()
-        if name in fields:
-            return self.items[fields.index(name)]
-        pending = pending_class_attr(tx, self.cls, name)
-        if pending is not None:
-            return pending
-        attr = lookup_class_attr(self.cls, name)
-        if attr is not _ABSENT and not isinstance(attr, types.MemberDescriptorType):
-            return class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr,
-                                      self)
-        return super().var_getattr(tx, name)
-
-    def has_attr(self, tx, name):
-        return name in self._fields() or instance_has_attr(self.cls, name)
-
-    def _user_dunder(self, tx, name: str, args: list):
-        """The class's own `name` (a Python override of tuple's) called on this tuple, else
-        None (tuple's behaviour)."""
-        attr = lookup_class_attr(self.cls, name)
-        if not isinstance(attr, types.FunctionType):
-            return None
-        method = class_attr_tracker(tx, self.cls, _sub(self.source, TypeSource), name, attr, self)
-        return tx.realize(tx.realize(method).call_function(tx, args, {}))
-
-    def getitem(self, tx, index):
-        got = self._user_dunder(tx, "__getitem__", [index])
-        return got if got is not None else super().getitem(tx, index)
-
-    def iterator(self, tx):
-        it = self._user_dunder(tx, "__iter__", [])
-        return it if it is not None else super().iterator(tx)
-
-    def unpack(self, tx):
-        it = self._user_dunder(tx, "__iter__", [])
-        return it.unpack(tx) if it is not None else super().unpack(tx)
-
-    def length(self, tx):
-        n = self._user_dunder(tx, "__len__", [])
-        if n is None:
-            return super().length(tx)
-        if not (n.is_python_constant() and type(n.as_python_constant()) is int):
-            unsupported(f"{self.cls.__name__}.__len__ returned {n.describe()}",
-                        BreakReason.UNSUPPORTED_TYPE)
-        return n.as_python_constant()
-
-    def truth(self, tx):
-        if isinstance(lookup_class_attr(self.cls, "__bool__"), types.FunctionType):
-            return self._user_dunder(tx, "__bool__", []).truth(tx)
-        return self.length(tx) > 0
-
-    def contains(self, tx, item):
-        r = self._user_dunder(tx, "__contains__", [item])
-        return r.truth(tx) if r is not None else super().contains(tx, item)
-
-    def as_python_constant(self):
-        from ferrodyn.variables.namedtuple_vars import made_in_frame
-        if made_in_frame(self.cls) is not None:  # its class is the entry's own, made per call
-            from ferrodyn.variables.base import NotConstant
-            raise NotConstant(self)
-        vals = TupleVariable(items=self.items).as_python_constant()
-        return self.cls(vals) if self.structseq else self.cls(*vals)
-
-    def fx_arg(self, tx):
-        p, e = super().fx_arg(tx)
-        return p, (self.cls(e) if self.structseq else self.cls(*e))
-
-    def reconstruct(self, tx):
-        if self.source is not None:
-            return super().reconstruct(tx)
-        items = tuple(tx.realize(i).reconstruct(tx) for i in self.items)
-        if self.structseq:
-            return OutCall(self.cls, (OutTuple(items),))
-        from ferrodyn.variables.namedtuple_vars import made_class_out
-        made = made_class_out(tx, self.cls)  # a class made in the frame: the entry's own one
-        if made is not None:
-            return OutCall(tuple.__new__, (made, OutTuple(items)))
-        # `_make` builds with tuple.__new__: no user `__new__` frame runs (which would be
-        # intercepted and, inside that very frame's entry, recurse)
-        return OutCall(self.cls._make, (OutTuple(items),))
-
-
 def is_identity_hashed(value: Any) -> bool:
     """`value` hashes and compares by identity (its type keeps object's `__hash__`/`__eq__`:
     classes without a metaclass override, functions, `typing.Union`...): as a dict key it can
@@ -772,6 +666,7 @@ def construct_instance(tx, cls: type, args, kwargs,
         defaults = tuple(ConstantVariable(value=d) for d in (new.__defaults__ or ()))
         bound = bind_args(code, cls.__name__, [ClassVariable(value=cls), *args], kwargs,
                           defaults, {})
+        from ferrodyn.variables.namedtuple_vars import NamedTupleVariable
         return NamedTupleVariable.make(cls, [bound[f] for f in cls._fields])
     from ferrodyn.variables import exceptions
     if exceptions.can_make(cls):
