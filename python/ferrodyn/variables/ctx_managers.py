@@ -35,8 +35,20 @@ class CtxState:
     node: Any = None
 
 
+class CtxMethodsMixin:
+    """`ctx.__enter__` / `ctx.__exit__` read off a context-manager tracker: a bound method whose
+    call lands in the tracker's own `call_method` (shared by every tracker whose enter and exit
+    are modelled there; other attributes go to the next class in the MRO)."""
+
+    def var_getattr(self, tx, name):
+        if name in ("__enter__", "__exit__"):
+            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
+            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+        return super().var_getattr(tx, name)
+
+
 @dataclass(frozen=True, eq=False)
-class GradModeVariable(VariableTracker):
+class GradModeVariable(CtxMethodsMixin, VariableTracker):
     """`torch.no_grad()` (mode False) / `torch.enable_grad()` (True) / `set_grad_enabled(m)`.
     `eager_set`: set_grad_enabled changes the mode when constructed, not on enter."""
 
@@ -61,11 +73,9 @@ class GradModeVariable(VariableTracker):
         return torch.enable_grad if self.mode else torch.no_grad
 
     def var_getattr(self, tx, name):
-        from ferrodyn.variables.functions import (
-            BoundMethodVariable, MethodOf, UserFunctionVariable,
-        )
+        from ferrodyn.variables.functions import BoundMethodVariable, UserFunctionVariable
         if name in ("__enter__", "__exit__"):
-            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
+            return super().var_getattr(tx, name)
         if name == "__class__":
             from ferrodyn.variables.builder import build_unsourced
             return build_unsourced(self.python_type())
@@ -154,7 +164,7 @@ def build_grad_ctx(tx, value, source, guard) -> GradModeVariable | None:
 
 
 @dataclass(frozen=True, eq=False)
-class AutocastVariable(VariableTracker):
+class AutocastVariable(CtxMethodsMixin, VariableTracker):
     """`torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`."""
 
     args: tuple = ()
@@ -165,12 +175,6 @@ class AutocastVariable(VariableTracker):
 
     def python_type(self):
         return torch.amp.autocast
-
-    def var_getattr(self, tx, name):
-        if name in ("__enter__", "__exit__"):
-            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
-            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
-        return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
         st = self.state

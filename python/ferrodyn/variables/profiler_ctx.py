@@ -14,10 +14,11 @@ import torch
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.ctx_managers import CtxMethodsMixin
 
 
 @dataclass(frozen=True, eq=False)
-class IgnoredProfilerContextVariable(VariableTracker):
+class IgnoredProfilerContextVariable(CtxMethodsMixin, VariableTracker):
     args: tuple | None = None  # the constant arguments it was made with (None: not constant)
 
     def exit_at_break(self, tx) -> None:
@@ -34,12 +35,6 @@ class IgnoredProfilerContextVariable(VariableTracker):
 
     def describe(self):
         return "profiler record_function context (ignored)"
-
-    def var_getattr(self, tx, name):
-        if name in ("__enter__", "__exit__"):
-            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
-            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
-        return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__enter__":

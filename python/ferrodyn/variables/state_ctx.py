@@ -31,7 +31,7 @@ import torch
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
-from ferrodyn.variables.ctx_managers import CtxState, _consts
+from ferrodyn.variables.ctx_managers import CtxMethodsMixin, CtxState, _consts
 
 
 # ---- graph-side enter/exit of the state (each enter returns what its exit restores) ---------
@@ -78,7 +78,7 @@ class StateKind:
 
 
 @dataclass(frozen=True, eq=False)
-class StateContextVariable(VariableTracker):
+class StateContextVariable(CtxMethodsMixin, VariableTracker):
     kind: StateKind = None  # type: ignore[assignment]
     args: tuple = ()
     state: CtxState = field(default_factory=CtxState)
@@ -93,12 +93,6 @@ class StateContextVariable(VariableTracker):
 
     def describe(self):
         return f"{self.kind.name}{self.args} context"
-
-    def var_getattr(self, tx, name):
-        if name in ("__enter__", "__exit__"):
-            from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
-            return BoundMethodVariable(func=MethodOf(name=name), obj=self)
-        return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__enter__":
