@@ -119,6 +119,25 @@ class SideEffects:
         # the replay cannot express is left (a generator suspended inside try/with)
         self.checks: list[Callable[[], None]] = []
 
+    # -- speculation (a higher-order op's body traced into a child graph) ------------------
+    def mark(self) -> tuple[dict, int]:
+        """What a speculation restores afterwards: the identity table and the log's length."""
+        return dict(self._by_id), len(self._log)
+
+    def logged_since(self, mark: tuple[dict, int]) -> bool:
+        return len(self._log) != mark[1]
+
+    def restore_identity(self, mark: tuple[dict, int]) -> None:
+        """Forget trackers built since `mark` (they hold the child graph's nodes)."""
+        self._by_id.clear()
+        self._by_id.update(mark[0])
+
+    def held_values(self) -> list:
+        """Trackers of reached objects and every pending value (attributes, globals, class
+        attributes): what a speculated body must leave unchanged."""
+        return [*(var for _, var in self._by_id.values()), *self._attrs.values(),
+                *self._globals.values(), *(v for _, v in self._class_attrs.values())]
+
     # -- identity table --------------------------------------------------------------------
     def tracked(self, value: Any, source: "Source | None") -> "VariableTracker | None":
         hit = self._by_id.get(id(value))

@@ -215,12 +215,6 @@ def _changed(before: dict[int, tuple[Any, tuple]]) -> bool:
     return False
 
 
-def _table_roots(table) -> list:
-    """What the parent's SideEffects table holds: trackers of reached objects, pending values."""
-    return [*(var for _, var in table._by_id.values()), *table._attrs.values(),
-            *table._globals.values(), *(v for _, v in table._class_attrs.values())]
-
-
 # ---- the speculation ----------------------------------------------------------------------------
 
 @dataclass
@@ -272,15 +266,14 @@ def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: 
     parent = tx.output
     table = parent.side_effects
     child = SubgraphOutput(parent)
-    by_id = dict(table._by_id)
-    log = len(table._log)
-    before = _snapshot([fn, *args, *kwargs.values(), *_table_roots(table)])
+    mark = table.mark()
+    before = _snapshot([fn, *args, *kwargs.values(), *table.held_values()])
     grad = torch.is_grad_enabled()
     try:
         own = [child.own_input(ex, f"child_{i}") for i, ex in enumerate(stand_ins)]
         stx = InstructionTranslator(tx.code, tx.f_globals, child, {}, {}, tx.globals_source)
         out = stx.realize(fn.call_function(stx, [*own, *args], dict(kwargs)))
-        if len(table._log) != log:
+        if table.logged_since(mark):
             unsupported(f"{what} has side effects", BreakReason.SIDE_EFFECT)
         if _changed(before):
             unsupported(f"{what} mutates a value from outside it", BreakReason.SIDE_EFFECT)
@@ -307,8 +300,7 @@ def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: 
         child.close()
         torch._C._set_grad_enabled(grad)
         # trackers built inside the body hold child nodes: the parent rebuilds what it reads
-        table._by_id.clear()
-        table._by_id.update(by_id)
+        table.restore_identity(mark)
     for source, value, node, fake in child.new_inputs:  # as the builder registers an input
         var = TensorVariable(source=source, node=node, example=fake, cls=type(value))
         parent.source_cache.setdefault(source, var)
