@@ -32,7 +32,10 @@ pub(crate) struct DictsEmpty {
 impl DictsEmpty {
     pub(crate) fn new(py: Python<'_>, keys: &[String]) -> DictsEmpty {
         DictsEmpty {
-            keys: keys.iter().map(|k| PyString::intern(py, k).unbind()).collect(),
+            keys: keys
+                .iter()
+                .map(|k| PyString::intern(py, k).unbind())
+                .collect(),
             seen: AtomicU64::new(0),
             found: keys.iter().map(|_| AtomicUsize::new(0)).collect(),
         }
@@ -62,9 +65,10 @@ impl DictsEmpty {
         if !ok {
             return false;
         }
-        let exact = vals
-            .iter()
-            .all(|v| v.as_ref().is_some_and(|v| raw::held(v).exact_len().is_some()));
+        let exact = vals.iter().all(|v| {
+            v.as_ref()
+                .is_some_and(|v| raw::held(v).exact_len().is_some())
+        });
         if let (true, Some(ver)) = (exact, before.filter(|&v| v != 0)) {
             if raw::dict_version_of(d) == Some(ver) {
                 // Invalidate first, so a reader never pairs the new version with old values.
@@ -99,15 +103,15 @@ impl DictsEmpty {
     pub(crate) fn explain(&self, expr: &str, d: &Bound<'_, PyAny>) -> String {
         let py = d.py();
         for (k, v) in self.keys.iter().zip(self.values(d)) {
-            let k = k.bind(py).to_string();
+            let k = super::access::quote(&k.bind(py).to_string());
             match v {
-                None => return format!("{expr} ({k:?} could not be read)"),
+                None => return format!("{expr} ({k} could not be read)"),
                 Some(v) => match v.len() {
                     Ok(0) => {}
-                    Ok(n) => return format!("{expr} (len of {k:?} is {n})"),
+                    Ok(n) => return format!("{expr} (len of {k} is {n})"),
                     Err(_) => {
                         return format!(
-                            "{expr} ({k:?} holds an object of type {} without len())",
+                            "{expr} ({k} holds an object of type {} without len())",
                             super::leaves::type_name(&v)
                         )
                     }
