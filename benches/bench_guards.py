@@ -5,8 +5,9 @@ Cases: functions of 1, 4, 16 and 64 tensor arguments (tensor_match per tensor + 
 and an 8-layer MLP nn.Module whose parameters are guarded (type of self, parameters reached via
 `dict_of(self) -> item('_modules') -> ...` / `item('_parameters') -> item(name)` with
 tensor_match), both as that hand-built tree and as the tree of ferrodyn's own compiled entry
-(65 leaves on 99 accessors). A derived row gives the per-tensor-leaf cost (slope between 16 and
-64 args). Trees like these are decided by the replay path (`rust/guards/replay.rs`) once they
+(76 leaves on 94 accessors; each Linear's four empty hook dicts are one leaf on its
+`__dict__`, torch's four global ones one leaf per graph: `rust/guards/dicts_empty.rs`). A
+derived row gives the per-tensor-leaf cost (slope between 16 and 64 args). Trees like these are decided by the replay path (`rust/guards/replay.rs`) once they
 have seen the module: dict lookups proven current by dict/type version tags, accessors shared
 between nodes on the same object read once, plain tensor leaves compared from packed copies,
 and the `type(m).forward...` chains of the 2nd..8th Linear (same class as the 1st, proven by

@@ -277,6 +277,10 @@ class GuardBuilder:
     def dict_lacks(self, node: GuardNode, key: Any) -> None:
         """`key not in node` (exact dict: an instance `__dict__` that must not shadow a class
         attribute)."""
+    def dicts_empty(self, node: GuardNode, keys: Sequence[str]) -> None:
+        """`len(node[k]) == 0` for every key (a module's hook dicts) as one leaf; the replay
+        reads only the remembered values' lengths while `node` keeps its version. ValueError
+        for no keys."""
     def tensor_match(
         self,
         node: GuardNode,

@@ -25,6 +25,7 @@ class GuardKind(enum.Enum):
     LENGTH = "length_is"          # payload: int
     DICT_KEYS = "dict_keys"       # payload: tuple of keys, in order
     DICT_LACKS = "dict_lacks"     # payload: a key the dict must not hold (an attribute name)
+    DICTS_EMPTY = "dicts_empty"   # payload: tuple of str keys whose values must be empty
     TENSOR_MATCH = "tensor_match" # payload: the example tensor; options: dynamic_dims
     GLOBAL_STATE = "global_state" # source: None, payload: None
     ALIASING = "aliasing"         # source: None, payload: (sources, identity groups,
@@ -47,7 +48,7 @@ class GuardSpec:
         if kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH):
             key = id(payload)
         elif kind in (GuardKind.EQUALS, GuardKind.LENGTH, GuardKind.DICT_KEYS, GuardKind.DICT_LACKS,
-                      GuardKind.ALIASING,
+                      GuardKind.DICTS_EMPTY, GuardKind.ALIASING,
                       GuardKind.SHAPE):
             key = (type(payload), payload)
         else:

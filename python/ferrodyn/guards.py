@@ -56,6 +56,7 @@ _LEAVES: dict[GuardKind, Callable[[Any, Any, GuardSpec], None]] = {
     GuardKind.LENGTH: lambda b, n, g: b.length_is(n, g.payload),
     GuardKind.DICT_KEYS: lambda b, n, g: b.dict_keys(n, list(g.payload)),
     GuardKind.DICT_LACKS: lambda b, n, g: b.dict_lacks(n, g.payload),
+    GuardKind.DICTS_EMPTY: lambda b, n, g: b.dicts_empty(n, list(g.payload)),
     GuardKind.TENSOR_MATCH: lambda b, n, g: b.tensor_match(n, g.payload, dynamic_dims=g.dynamic_dims),
 }
 

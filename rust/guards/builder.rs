@@ -323,6 +323,27 @@ impl GuardBuilder {
         self.leaf(Some(&node), LeafKind::DictLacks(key.clone().unbind()), expr)
     }
 
+    /// `len(node[k]) == 0` for every key of `keys` (a module's hook dicts), as one leaf.
+    fn dicts_empty(
+        &mut self,
+        py: Python<'_>,
+        node: PyRef<'_, GuardNode>,
+        keys: Vec<String>,
+    ) -> Result<()> {
+        if keys.is_empty() {
+            return Err(Error::Value("dicts_empty() needs at least one key".into()));
+        }
+        let quoted: Vec<String> = keys.iter().map(|k| quote(k)).collect();
+        let expr = format!(
+            "all(len({}[k]) == 0 for k in ({}{}))",
+            node.source,
+            quoted.join(", "),
+            if keys.len() == 1 { "," } else { "" }
+        );
+        let leaf = super::dicts_empty::DictsEmpty::new(py, &keys);
+        self.leaf(Some(&node), LeafKind::DictsEmpty(Box::new(leaf)), expr)
+    }
+
     #[pyo3(signature = (node, example, *, dynamic_dims=Vec::new(), check_strides=true))]
     fn tensor_match(
         &mut self,

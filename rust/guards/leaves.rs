@@ -78,6 +78,8 @@ pub(crate) enum LeafKind {
     /// `key not in d` for an exact dict `d` (an instance `__dict__` that must not shadow a
     /// class attribute).
     DictLacks(Py<PyAny>),
+    /// `len(d[k]) == 0` for each key of a list (a module's hook dicts), one leaf.
+    DictsEmpty(Box<super::dicts_empty::DictsEmpty>),
     Tensor(Box<TensorSpec>),
     GlobalState(Box<Snapshot>),
     /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
@@ -109,7 +111,8 @@ impl LeafKind {
             LeafKind::Equals(_)
             | LeafKind::LengthIs(_)
             | LeafKind::DictKeys(_)
-            | LeafKind::DictLacks(_) => 1,
+            | LeafKind::DictLacks(_)
+            | LeafKind::DictsEmpty(_) => 1,
             LeafKind::GlobalState(_) => 2,
             LeafKind::Tensor(_) => 3,
             LeafKind::Aliasing(_) => 4,
@@ -195,6 +198,7 @@ impl Leaf {
                     format!("{} (got an object of type {})", self.expr, type_name(v))
                 }
             }
+            LeafKind::DictsEmpty(e) => e.explain(&self.expr, v),
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
             LeafKind::Aliasing(_) => self.expr.clone(), // explained by the tree (several values)
@@ -231,6 +235,7 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         LeafKind::DictLacks(key) => v
             .cast_exact::<PyDict>()
             .is_ok_and(|d| d.contains(key.bind(py)).ok() == Some(false)),
+        LeafKind::DictsEmpty(e) => e.check(v),
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
         LeafKind::Aliasing(_) => false, // checked by the tree over its several values

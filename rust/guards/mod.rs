@@ -2,7 +2,8 @@
 //! `__dict__`, tensor size/stride) with leaf checks, built from Python through `GuardBuilder`.
 //!
 //! Files: `access` (how a node's value is read from its parent), `consts` (the constants of
-//! `equals`), `leaves` (the checks and their explanations), `tree` (the immutable tree and its
+//! `equals`), `leaves` (the checks and their explanations), `dicts_empty` (one leaf for a module's empty
+//! hook dicts, replayed from remembered addresses), `tree` (the immutable tree and its
 //! evaluation), `builder` (the Python-facing builder and node handles), `global_state` (torch's
 //! grad mode / default dtype / determinism / autocast snapshot), `aliasing` (identity and
 //! storage relations between several values), `symexpr` (the symbolic-shape expression IR,
@@ -18,6 +19,7 @@ mod access;
 mod aliasing;
 mod builder;
 mod consts;
+mod dicts_empty;
 pub mod global_state;
 mod leaves;
 mod replay;

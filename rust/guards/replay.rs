@@ -210,6 +210,9 @@ enum Quick {
     IsPtr(usize),
     /// `v is None` / `v is not None`.
     IsNone(bool),
+    /// `len(v[k]) == 0` for each key: the remembered values' lengths while `v` is unchanged
+    /// (`super::dicts_empty`).
+    DictsEmpty,
     Generic,
 }
 
@@ -420,6 +423,7 @@ impl Plan {
                         LeafKind::Is(IdRef::Strong(o)) => Quick::IsPtr(o.as_ptr() as usize),
                         LeafKind::IsNone | LeafKind::Equals(Const::None) => Quick::IsNone(true),
                         LeafKind::IsNotNone => Quick::IsNone(false),
+                        LeafKind::DictsEmpty(_) => Quick::DictsEmpty,
                         _ => Quick::Generic,
                     };
                     plan.rest.push(RestLeaf {
@@ -538,6 +542,10 @@ pub(crate) fn replay<'py>(
                     as_obj(v)?.is_none() == none
                 }
             }
+            Quick::DictsEmpty => match &leaves[r.leaf as usize].kind {
+                LeafKind::DictsEmpty(e) => e.replay(as_obj(v)?)?,
+                _ => return None,
+            },
             Quick::Generic => {
                 let leaf = &leaves[r.leaf as usize];
                 let ok = match (leaf.node, &leaf.kind) {

@@ -43,6 +43,9 @@ from ferrodyn.variables.base import VariableTracker, unsupported
 _GLOBAL_BACKWARD = ("_global_backward_pre_hooks", "_global_backward_hooks")
 # per-module hook dicts, refused when not empty
 _MODULE_BACKWARD = ("_backward_pre_hooks", "_backward_hooks")
+# the hook dicts every call reads (the kwargs / always_call ones only when hooks are present)
+_GLOBAL_READ = _GLOBAL_BACKWARD + ("_global_forward_pre_hooks", "_global_forward_hooks")
+_MODULE_READ = _MODULE_BACKWARD + ("_forward_pre_hooks", "_forward_hooks")
 
 
 @dataclass
@@ -126,6 +129,21 @@ def _guard_dict(tx, src: Source | None, d: dict) -> None:
         tx.output.install_guard(src, GuardKind.LENGTH, 0)
 
 
+def _guard_dicts(tx, holder_src: Source | None, dicts: dict[str, dict]) -> None:
+    """Guard hook dicts read from one holder (a module's `__dict__`, or torch's module
+    namespace): the empty ones as one DICTS_EMPTY leaf on the holder (the guard replay decides
+    it from the holder's version and the remembered dicts' lengths), each other one by its
+    keys."""
+    if holder_src is None:
+        return
+    empty = tuple(k for k, d in dicts.items() if not len(d))
+    if empty:
+        tx.output.install_guard(holder_src, GuardKind.DICTS_EMPTY, empty)
+    for k, d in dicts.items():
+        if len(d):
+            _guard_dict(tx, ItemSource(holder_src, k), d)
+
+
 def _hook_var(tx, hook: Any, src: Source | None) -> VariableTracker:
     from ferrodyn.variables.functions import _lazy
     return tx.realize(_lazy(hook, src))
@@ -138,13 +156,14 @@ def read_hooks(tx, mod) -> HookPlan:
     name = type(m).__name__
     msrc = DictOfSource(mod.source) if mod.source is not None else None
 
-    def module_dict(key: str) -> tuple[dict, Source | None]:
+    def module_dict(key: str, guard: bool = True) -> tuple[dict, Source | None]:
         hooks = d.get(key)
         if not isinstance(hooks, dict):
             unsupported(f"module {name} without {key} (not initialised by Module.__init__)",
                         BreakReason.UNSUPPORTED_CALL)
         src = ItemSource(msrc, key) if msrc is not None else None
-        _guard_dict(tx, src, hooks)
+        if guard:
+            _guard_dict(tx, src, hooks)
         if len(hooks) and src is None:
             unsupported(f"hooks of module {name} made in the traced code", BreakReason.UNSUPPORTED_CALL)
         return hooks, src
@@ -164,20 +183,26 @@ def read_hooks(tx, mod) -> HookPlan:
         return [(hid, _hook_var(tx, hook, ItemSource(src, hid) if src is not None else None))
                 for hooks, src in dicts for hid, hook in hooks.items()]
 
+    # The hook dicts every call reads, each guarded (empty ones folded into one leaf per
+    # holder) before anything is refused.
+    mods = {k: module_dict(k, guard=False) for k in _MODULE_READ}
+    _guard_dicts(tx, msrc, {k: hooks for k, (hooks, _) in mods.items()})
+    globs = {k: (getattr(_mm, k), ItemSource(gsrc, k)) for k in _GLOBAL_READ}
+    _guard_dicts(tx, gsrc, {k: g for k, (g, _) in globs.items()})
     for key in _GLOBAL_BACKWARD:
-        if global_dict(key)[0]:
+        if globs[key][0]:
             unsupported(f"global nn.Module backward hooks ({key})", BreakReason.UNSUPPORTED_CALL)
     for key in _MODULE_BACKWARD:
-        if module_dict(key)[0]:
+        if mods[key][0]:
             unsupported(f"module {name} has backward hooks ({key})", BreakReason.UNSUPPORTED_CALL)
 
     plan = HookPlan()
-    g_pre, pre = global_dict("_global_forward_pre_hooks"), module_dict("_forward_pre_hooks")
+    g_pre, pre = globs["_global_forward_pre_hooks"], mods["_forward_pre_hooks"]
     if g_pre[0] or pre[0]:
         pre_kw = module_dict("_forward_pre_hooks_with_kwargs")[0]
         plan.pre = [Hook(hid, var, hid in pre_kw) for hid, var in hooks_of(g_pre, pre)]
 
-    g_post, post = global_dict("_global_forward_hooks"), module_dict("_forward_hooks")
+    g_post, post = globs["_global_forward_hooks"], mods["_forward_hooks"]
     if g_post[0] or post[0]:
         kw = (module_dict("_forward_hooks_with_kwargs")[0],
               global_dict("_global_forward_hooks_with_kwargs")[0])
