@@ -245,6 +245,10 @@ class GuardBuilder:
     def set_item(self, parent: GuardNode, index: int) -> GuardNode:
         """The `index`-th element of an exact set or frozenset, or key of an exact dict, in
         iteration order (`list(parent)[index]`); another type or a shorter one fails the guard."""
+    def dict_item(self, parent: GuardNode, key: Any) -> GuardNode:
+        """`dict.__getitem__(parent, key)`: the item in the storage of any dict instance
+        (subclasses included), without running `__getitem__`/`__missing__` overrides; not a dict
+        or no such key fails the guard."""
     def dict_value(self, parent: GuardNode, index: int) -> GuardNode:
         """The `index`-th value of an exact dict in insertion order
         (`list(parent.values())[index]`); another type or a shorter dict fails the guard."""

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from ferrodyn import _C
 from ferrodyn.bytecode import CodeBuilder, ExnHandler, Inst, Positions, assemble
-from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictOfSource,
+from ferrodyn.source import (AttrSource, BuiltinSource, ClosureSource, DictItemSource, DictOfSource,
                              DictValueSource, GlobalSource, ItemSource, LenSource, LocalSource,
                              SetItemSource, Source, TypeSource)
 from ferrodyn.symbolic_shapes import TensorPropertySource
@@ -283,6 +283,14 @@ def _load_dict_value(e: EntryEmitter, s: DictValueSource) -> None:
     e.call(2)
 
 
+def _load_dict_storage_item(e: EntryEmitter, s: DictItemSource) -> None:
+    """`dict.__getitem__(base, key)` (past the subclass's overrides)."""
+    e.load_callable(dict.__getitem__)
+    e.load_source(s.base)
+    e.load_value(s.key)
+    e.call(2)
+
+
 def tensor_property(t: Any, prop: str, idx: int) -> Any:
     """`t.size(idx)` / `t.stride(idx)`: a symbolic dim handed to the graph as an input."""
     return getattr(t, prop)(idx)
@@ -308,6 +316,7 @@ SOURCE_LOADERS: dict[type, Callable[[EntryEmitter, Any], None]] = {
     LenSource: _call_on_base(len),
     SetItemSource: _load_set_item,
     DictValueSource: _load_dict_value,
+    DictItemSource: _load_dict_storage_item,
     TensorPropertySource: _load_tensor_property,
     NumpyTensorSource: _call_on_base(ndarray_as_tensor),
 }

@@ -15,6 +15,7 @@ from ferrodyn.source import (
     AttrSource,
     BuiltinSource,
     ClosureSource,
+    DictItemSource,
     DictOfSource,
     DictValueSource,
     GlobalSource,
@@ -44,6 +45,7 @@ _ACCESSORS: dict[type, Callable[[Any, Any, Callable[[Source], Any]], Any]] = {
     LenSource: lambda b, s, node: b.len_of(node(s.base)),
     SetItemSource: lambda b, s, node: b.set_item(node(s.base), s.index),
     DictValueSource: lambda b, s, node: b.dict_value(node(s.base), s.index),
+    DictItemSource: lambda b, s, node: b.dict_item(node(s.base), s.key),
 }
 
 # GuardKind -> how to add its leaf: (builder, node, spec) -> None

@@ -118,6 +118,17 @@ class ItemSource(_Chained):
 
 
 @source_class
+class DictItemSource(_Chained):
+    """`dict.__getitem__(base, key)`: the item in a dict instance's storage, read past the
+    `__getitem__`/`__missing__` overrides of its class (how the items of a dict subclass
+    instance that overrides `__getitem__` are reached and guarded)."""
+    key: Any
+
+    def name(self) -> str:
+        return f"dict.__getitem__({self.base.name()}, {self.key!r})"
+
+
+@source_class
 class TypeSource(_Chained):
     """`type(base)`."""
 

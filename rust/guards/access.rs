@@ -35,6 +35,9 @@ pub(crate) enum Access {
     /// The `index`-th value of an exact dict or defaultdict in insertion order (the value of
     /// a key that is reached by position: a tensor key, or any key of a defaultdict).
     DictValue(usize),
+    /// `dict.__getitem__(parent, key)`: the item in the storage of any dict instance (a subclass
+    /// included), read without running its `__getitem__` or `__missing__` overrides.
+    DictItem(Py<PyAny>),
     TensorSize(i64),
     TensorStride(i64),
 }
@@ -98,6 +101,7 @@ pub(crate) enum AccessKey {
     LenOf,
     SetItem(usize),
     DictValue(usize),
+    DictItem(String),
     TensorSize(i64),
     TensorStride(i64),
 }
@@ -117,6 +121,7 @@ impl AccessKey {
             AccessKey::LenOf => format!("len({parent})"),
             AccessKey::SetItem(i) => format!("list({parent})[{i}]"),
             AccessKey::DictValue(i) => format!("list({parent}.values())[{i}]"),
+            AccessKey::DictItem(_) => format!("dict.__getitem__({parent}, {key_repr})"),
             AccessKey::TensorSize(d) => format!("{parent}.size()[{d}]"),
             AccessKey::TensorStride(d) => format!("{parent}.stride()[{d}]"),
         }
@@ -245,6 +250,12 @@ impl Access {
                 s.iter().nth(*i)
             }
             Access::DictValue(i) => positional_dict(parent)?.iter().nth(*i).map(|(_, v)| v),
+            Access::DictItem(key) => parent
+                .cast::<PyDict>()
+                .ok()?
+                .get_item(key.bind(py))
+                .ok()
+                .flatten(),
             Access::TensorSize(d) => {
                 let v = crate::tensor::size_or_stride(parent, *d, false)?;
                 Some(PyInt::new(py, v).into_any())

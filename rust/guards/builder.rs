@@ -209,6 +209,20 @@ impl GuardBuilder {
         self.node(Some(&parent), AccessKey::Item(dedup), &repr, access)
     }
 
+    fn dict_item(
+        &mut self,
+        parent: PyRef<'_, GuardNode>,
+        key: &Bound<'_, PyAny>,
+    ) -> Result<GuardNode> {
+        let repr = key.repr()?.to_string();
+        let dedup = match Const::from_py(key) {
+            Ok(_) => format!("{}:{}", super::leaves::type_name(key), repr),
+            Err(_) => format!("id:{:#x}", key.as_ptr() as usize),
+        };
+        let access = Access::DictItem(key.clone().unbind());
+        self.node(Some(&parent), AccessKey::DictItem(dedup), &repr, access)
+    }
+
     fn dict_of(&mut self, parent: PyRef<'_, GuardNode>) -> Result<GuardNode> {
         self.node(Some(&parent), AccessKey::DictOf, "", Access::DictOf)
     }

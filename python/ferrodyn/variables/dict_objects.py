@@ -130,8 +130,10 @@ def dict_part_method(tx, owner_obj: VariableTracker, attr: Any,
 
 
 # Methods through which the view of an existing object's items is read and guarded (keys
-# guard, `obj[k]` accessors): a class overriding one of them is not viewed.
-_VIEW_READERS = ("__getitem__", "keys", "__iter__", "__len__")
+# guard): a class overriding one of them is not viewed. Items are read through `obj[k]`
+# (ItemSource), or, for a class overriding `__getitem__`, through `dict.__getitem__(obj, k)`
+# (DictItemSource: the storage, no user code runs in a guard).
+_VIEW_READERS = ("keys", "__iter__", "__len__")
 
 
 def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
@@ -141,7 +143,7 @@ def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
     None when not viewable: a class overriding how the guards read items, or with `__missing__`
     (a guard reading a key that has gone would run it)."""
     from ferrodyn.guard_spec import GuardKind
-    from ferrodyn.source import ItemSource
+    from ferrodyn.source import DictItemSource, ItemSource
     from ferrodyn.variables.base import LazyVariable
     from ferrodyn.variables.constant import is_constant_value
     from ferrodyn.variables.dicts import DictState
@@ -160,7 +162,10 @@ def _existing_items(tx, obj: VariableTracker) -> DictVariable | None:
     if not all(is_constant_value(k) for k in keys):
         return None
     tx.output.install_guard(obj.source, GuardKind.DICT_KEYS, keys)
-    items = {k: LazyVariable(source=ItemSource(obj.source, k), value=base.__getitem__(value, k))
+    item_source = ItemSource
+    if lookup_class_attr(cls, "__getitem__") is not lookup_class_attr(base, "__getitem__"):
+        item_source = DictItemSource
+    items = {k: LazyVariable(source=item_source(obj.source, k), value=base.__getitem__(value, k))
              for k in keys}
     part = DictVariable(state=DictState(items, MutationType.EXISTING, cls=base,
                                         side_effects=side_effects, source=obj.source, obj=value,

@@ -18,10 +18,50 @@ _MODULE_REGISTRATION_HOOKS = ("_global_module_registration_hooks",
                               "_global_buffer_registration_hooks")
 
 
+def _is_torch_nn_class(klass: type) -> bool:
+    return klass.__module__.startswith("torch.nn.modules.")
+
+
+# names whose definition in a subclass would run its own code while the instance is built
+_CONSTRUCTION_HOOKS = ("__init__", "__new__", "__setattr__", "__getattr__", "__getattribute__",
+                       "__delattr__", "__init_subclass__", "__set_name__")
+# methods torch.nn's constructors never call
+_NOT_CALLED_BY_INIT = ("forward", "extra_repr")
+# descriptors every class without a __dict__-owning base gets (not user code)
+_SLOT_DESCRIPTORS = ("__dict__", "__weakref__")
+
+
+def _builds_with_torch_code_only(cls: type) -> bool:
+    """A subclass made outside torch.nn (transformers' `SiLUActivation(nn.Module)` with only a
+    `forward`) whose construction runs torch.nn's code alone: no class of its own defines a
+    constructor or attribute hook or a data descriptor an `__init__` store could reach, and
+    when the `__init__` that runs is not `nn.Module.__init__` itself (which calls no method of
+    the instance), they define no function but `forward`/`extra_repr` (a torch `__init__` may
+    call `self.reset_parameters()` and the like)."""
+    import torch
+    own = [k for k in cls.__mro__ if k is not object and not _is_torch_nn_class(k)]
+    if not own or not any(_is_torch_nn_class(k) for k in cls.__mro__):
+        return False
+    plain_init = next(k for k in cls.__mro__ if "__init__" in vars(k)) is torch.nn.Module
+    for klass in own:
+        for name, v in vars(klass).items():
+            if name in _CONSTRUCTION_HOOKS:
+                return False
+            if name not in _SLOT_DESCRIPTORS and (hasattr(type(v), "__set__")
+                                                  or hasattr(type(v), "__delete__")):
+                return False
+            if not plain_init and callable(v) and name not in _NOT_CALLED_BY_INIT:
+                return False
+    return True
+
+
 def is_stateless_torch_module_class(cls: type) -> bool:
-    """One of torch.nn's own module classes (losses, activations, dropout, flatten...): its
-    `__init__` touches nothing but the new object (torch/nn/modules)."""
-    return cls.__module__.startswith("torch.nn.modules.") and type(cls).__call__ is type.__call__
+    """One of torch.nn's own module classes (losses, activations, dropout, flatten...), or a
+    subclass built by their code alone (`_builds_with_torch_code_only`): its `__init__`
+    touches nothing but the new object (torch/nn/modules)."""
+    if type(cls).__call__ is not type.__call__:
+        return False
+    return _is_torch_nn_class(cls) or _builds_with_torch_code_only(cls)
 
 
 def construct_stateless_torch_module(tx, cls: type, args, kwargs) -> VariableTracker:
