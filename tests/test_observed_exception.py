@@ -73,3 +73,35 @@ def test_uncaught_error_raises_as_eager_with_no_graph():
 def test_error_caught_in_the_frame_stays_one_graph():
     _, _, fd, tc = run_all(caught_in_the_frame, torch.randn(3))
     assert fd == 1 and tc <= fd
+
+
+def compiling_helper():  # transformers' `is_torchdynamo_compiling`
+    return torch.compiler.is_compiling()
+
+
+def mask_made_by_a_helper_check(x, mask=None):
+    y = x.sin()
+    if mask is None and not compiling_helper():
+        mask = torch.ones(x.shape[0])
+    return y * mask[:, None]
+
+
+def test_helper_reading_is_compiling_called_from_an_eager_frame_runs_eagerly():
+    """The frame above runs eagerly (observed exception); the helper it calls is a frame of
+    its own with no graph op: compiled, it would return the folded True to eager code."""
+    want, got, fd, tc = run_all(mask_made_by_a_helper_check, torch.randn(3, 2))
+    assert isinstance(got, torch.Tensor)
+    assert fd == tc == 0
+
+
+def test_helper_inlined_in_a_traced_frame_still_folds():
+    def fn(x):
+        return x + 1 if compiling_helper() else x - 1
+    import ferrodyn
+    from counting_backend import CountingBackend
+    fd, tc = CountingBackend(), CountingBackend()
+    x = torch.zeros(2)
+    got = ferrodyn.compile(fn, backend=fd)(x)
+    want = torch.compile(fn, backend=tc)(x)
+    assert torch.equal(got, want) and torch.equal(got, x + 1)
+    assert fd.count == tc.count == 1
