@@ -440,6 +440,14 @@ class FrameCallback:
     def compile_result(self, code, frame, result: TraceResult, *, n_entries: int = 0, reasons=()):
         gm = result.graph
         graph_fn, fence = None, True
+        if result.read_is_compiling and not graph_ops(gm) and not self.fullgraph:
+            # Nothing to capture, and the entry would hand `is_compiling()`'s folded True to
+            # the frame's caller, which runs eagerly (transformers' `is_torchdynamo_compiling`
+            # called from a frame torch.compile skipped): run it eagerly, as torch.compile
+            # skips a frame without tensors.
+            return self._run_eager(code, frame, Unsupported(
+                "a frame with no graph op that reads torch.compiler.is_compiling()",
+                BreakReason.OTHER, filename=code.co_filename, lineno=code.co_firstlineno))
         # A graph with ops runs even when no output is used: its ops may mutate inputs in place.
         if graph_ops(gm) or _uses_graph(result.output) or result.graph_has_effects or \
                 any(_uses_graph(o) for o in result.side_effects):

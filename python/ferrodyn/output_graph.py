@@ -58,6 +58,7 @@ class OutputGraph:
         self.source_cache: dict[Source, VariableTracker] = {}
         self.side_effects = SideEffects()
         self.notes: list[str] = []
+        self.read_is_compiling = False  # torch_fns: `torch.compiler.is_compiling()` folded
         self.mutation_epoch = 0  # bumped by every in-place op (invalidates folded tensors)
         self._name_counts: dict[str, int] = {}
         self._exit_stack = contextlib.ExitStack()
@@ -196,7 +197,8 @@ class OutputGraph:
         return TraceResult(graph=gm, graph_inputs=list(self.graph_inputs),
                            example_inputs=list(self.example_inputs), output=out,
                            guards=list(self.guards.values()), notes=list(self.notes),
-                           side_effects=tuple(effects), graph_has_effects=mutates)
+                           side_effects=tuple(effects), graph_has_effects=mutates,
+                           read_is_compiling=self.read_is_compiling)
 
     def _drop_grad_switches(self, trailing: bool) -> bool | None:
         """Erase the grad-mode switches no op can observe (as torch's `cleanup_graph`, and

@@ -237,7 +237,8 @@ def shape_guard_specs(gm: torch.fx.GraphModule) -> list[GuardSpec]:
 
     def ref(src) -> str:
         if isinstance(src, TorchTPS) and isinstance(src.base, FrameSource):
-            key = (src.base.source, _PROPS[src.prop.value], src.idx)
+            # storage_offset has no dim (idx None); the native binding wants an int
+            key = (src.base.source, _PROPS[src.prop.value], src.idx or 0)
         elif isinstance(src, FrameSource):
             key = (src.source, "int", 0)
         else:

@@ -102,6 +102,8 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)  # for explain(): ops, decisions
     side_effects: tuple[Out, ...] = ()
     graph_has_effects: bool = False  # the graph mutates an input in place: always call it
+    # the trace folded `torch.compiler.is_compiling()` (and its aliases) to True
+    read_is_compiling: bool = False
     # set when the frame continues after a graph break (a resume.GraphBreak): the entry then
     # rebuilds the live stack and locals instead of returning `output`.
     graph_break: Any = None

@@ -52,6 +52,7 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
     from ferrodyn.symbolic.translator import InstructionTranslator, StopAtBreak
     from ferrodyn.variables.base import LazyVariable
     from ferrodyn.trace_result import OutCell
+    from ferrodyn.variables.exceptions import TracedException
     from ferrodyn.variables.functions import existing_cell
 
     if code.co_flags & _GEN_FLAGS:
@@ -90,7 +91,11 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
         return run()
     except Unsupported as e:
         path = e.__dict__.pop("break_path", None) or []
-        if fullgraph or not path:
+        if fullgraph or not path or isinstance(e, TracedException):
+            # An exception the trace raised and no handler of the frame catches: the frame
+            # runs eagerly (torch.compile's "observed exception"). A break at the raising
+            # instruction would run it after a prefix traced with `is_compiling()` true, so
+            # code that avoids the error only when not compiling would raise.
             raise
         from ferrodyn.resume import breakable
         # Restart: trace again up to the breaking instruction and capture the break there:

@@ -82,6 +82,14 @@ def _const_result(value):
     return lambda tx, args, kwargs: _c(value)
 
 
+def _is_compiling(tx, args, kwargs):
+    """`torch.compiler.is_compiling()`: True in the trace; noted, so a frame captured with no
+    graph op that read it runs eagerly (convert_frame) instead of returning the folded True to
+    eager callers."""
+    tx.output.read_is_compiling = True
+    return _c(True)
+
+
 def _fold(fn):
     return lambda tx, args, kwargs: _fold_consts(tx, fn, args, kwargs)
 
@@ -111,8 +119,8 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.jit.is_tracing: _const_result(False),
     torch.jit.annotate: lambda tx, args, kwargs: (list(args) + list(kwargs.values()))[1],
     torch._C._get_tracing_state: _const_result(None),
-    torch.compiler.is_compiling: _const_result(True),
-    torch.compiler.is_dynamo_compiling: _const_result(True),
+    torch.compiler.is_compiling: _is_compiling,
+    torch.compiler.is_dynamo_compiling: _is_compiling,
     torch._assert: _assert,
     torch.utils._contextlib._DecoratorContextManager.clone: _ctx_clone,
     torch.set_grad_enabled.clone: _ctx_clone,
@@ -152,7 +160,7 @@ if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "graph_break"):
 for _name in ("is_dynamo_compiling", "is_compiling"):
     _f = getattr(torch._dynamo, _name, None) if hasattr(torch, "_dynamo") else None
     if _f is not None:
-        TORCH_HANDLERS[_f] = _const_result(True)
+        TORCH_HANDLERS[_f] = _is_compiling
 
 
 def is_torch_callable(value: Any) -> bool:
