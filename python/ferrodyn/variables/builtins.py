@@ -684,6 +684,12 @@ class BuiltinVariable(VariableTracker):
     def has_attr(self, tx, name):
         return hasattr(self.fn, name)
 
+    def getitem(self, tx, index):
+        if not isinstance(self.fn, type):
+            return super().getitem(tx, index)
+        from ferrodyn.variables import typing_vars  # `list[int]`: a generic alias, folded
+        return typing_vars.subscript(tx, self, index)
+
     def fx_arg(self, tx):
         dtype = _SCALAR_DTYPES.get(self.fn)  # `x.to(bool)`: torch's argument parser reads a
         if dtype is not None:  # Python scalar type as its dtype (float: float64, not the default)
