@@ -54,6 +54,25 @@ def _consts(tx, args, *, copies_ok: bool = False) -> list | None:
     return vals
 
 
+def _items_consts(tx, args) -> list | None:
+    """`_consts` with copies, reading the items of list and tuple trackers (a frame's list
+    holds its items unbuilt until used: building each guards it)."""
+    vals = []
+    for a in args:
+        a = tx.realize(a)
+        if isinstance(a, (ListVariable, TupleVariable)):
+            items = _items_consts(tx, a.unpack(tx))
+            if items is None:
+                return None
+            vals.append(a.python_type()(items))
+            continue
+        got = _consts(tx, [a], copies_ok=True)
+        if got is None:
+            return None
+        vals.extend(got)
+    return vals
+
+
 def _const_arg(tx, v: VariableTracker, what: str) -> Any:
     v = sym_int.concrete(tx, v)  # range(s): specialised under a shape guard
     if not v.is_python_constant():
@@ -538,6 +557,11 @@ FOLDABLE: frozenset = frozenset(
     | {sys.getrecursionlimit}
 )
 
+# FOLDABLE functions that never mutate an argument nor return one of its elements by identity,
+# so they may fold on *copies* of constant lists (`math.prod(self.size)`, `math.hypot(*xs)`):
+# each returns a new number made from the items.
+FOLDABLE_ON_COPIES: frozenset = frozenset(v for v in vars(math).values() if callable(v))
+
 
 def is_builtin_like(value: Any) -> bool:
     cls = type(value)
@@ -629,8 +653,9 @@ class BuiltinVariable(VariableTracker):
                 unsupported(f"creating exception {self.fn.__name__}", BreakReason.EXCEPTION)
             return exceptions.make(tx, self.fn, args, kwargs)
         if self.fn in FOLDABLE:
-            vals = _consts(tx, args)
-            kvals = _consts(tx, list(kwargs.values()))
+            consts = _items_consts if self.fn in FOLDABLE_ON_COPIES else _consts
+            vals = consts(tx, args)
+            kvals = consts(tx, list(kwargs.values()))
             if vals is None or kvals is None:
                 symbolic = sym_int.sym_convert(tx, self.fn, args[0]) \
                     if len(args) == 1 and not kwargs else None
@@ -658,6 +683,12 @@ class BuiltinVariable(VariableTracker):
 
     def has_attr(self, tx, name):
         return hasattr(self.fn, name)
+
+    def getitem(self, tx, index):
+        if not isinstance(self.fn, type):
+            return super().getitem(tx, index)
+        from ferrodyn.variables import typing_vars  # `list[int]`: a generic alias, folded
+        return typing_vars.subscript(tx, self, index)
 
     def fx_arg(self, tx):
         dtype = _SCALAR_DTYPES.get(self.fn)  # `x.to(bool)`: torch's argument parser reads a

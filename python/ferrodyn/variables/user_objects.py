@@ -301,6 +301,9 @@ class ObjectLike(VariableTracker):
         return True
 
     def getitem(self, tx, index):
+        from ferrodyn.variables import typing_vars
+        if typing_vars.is_typing_object(getattr(self, "value", None)):  # `List[Tensor]`: folded
+            return typing_vars.subscript(tx, self, index)
         fn = self._dunder(tx, "__getitem__")
         if fn is None:
             unsupported(f"indexing {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
