@@ -237,7 +237,8 @@ def shape_guard_specs(gm: torch.fx.GraphModule) -> list[GuardSpec]:
 
     def ref(src) -> str:
         if isinstance(src, TorchTPS) and isinstance(src.base, FrameSource):
-            key = (src.base.source, _PROPS[src.prop.value], src.idx)
+            # storage_offset has no index (idx None); the native binding ignores the dim
+            key = (src.base.source, _PROPS[src.prop.value], src.idx if src.idx is not None else 0)
         elif isinstance(src, FrameSource):
             key = (src.source, "int", 0)
         else:
