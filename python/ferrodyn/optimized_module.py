@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ferrodyn import _C, convert_frame
-from ferrodyn.eval_frame import wrap_compiled
+from ferrodyn.eval_frame import DisableContext, wrap_compiled
+from torch.nn.modules.lazy import LazyModuleMixin
 
 
 def _inline_frame(mod: torch.nn.Module) -> Callable[..., Any]:
@@ -42,6 +43,24 @@ _OWN = frozenset({"_orig_mod", "forward", "_ferrodyn_options", "_super_module_in
                   "_ferrodyn_call"})
 
 
+def _initialize_first(mod: torch.nn.Module, target: Callable[..., Any]) -> Callable[..., Any]:
+    """`target` (the lazy module's `__call__`) after running the module's lazy-initialization
+    pre-hook uncaptured, as `_call_impl` would run it first: `initialize_parameters` is the
+    module's set-up code (it materializes parameters), never a graph of its own. Only while
+    that hook is the sole forward pre-hook (module and global): otherwise `_call_impl` runs
+    the hooks in order, each captured as usual."""
+    from torch.nn.modules import module as _mm
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        handle = getattr(mod, "_initialize_hook", None)
+        if handle is not None and list(mod._forward_pre_hooks) == [handle.id] and \
+                not _mm._global_forward_pre_hooks:
+            with DisableContext():
+                mod._infer_parameters(mod, args, kwargs)
+        return target(*args, **kwargs)
+    return call
+
+
 class OptimizedModule(torch.nn.Module):
     """A compiled `nn.Module` (see the module docstring)."""
 
@@ -57,6 +76,8 @@ class OptimizedModule(torch.nn.Module):
         forward_code = getattr(getattr(type(mod), "forward", None), "__code__", None)
         inline = forward_code is not None and convert_frame.is_skipped_file(forward_code.co_filename)
         target = _inline_frame(mod) if inline else mod.__call__
+        if isinstance(mod, LazyModuleMixin) and not inline:
+            target = _initialize_first(mod, target)
         forward = wrap_compiled(target, callback)
         object.__setattr__(self, "forward", forward)
         object.__setattr__(self, "_ferrodyn_call", _C.ModuleCall(self, mod, forward, inline))

@@ -87,6 +87,7 @@ STACK_OPS: dict[str, StackOp] = {
     "UNARY_NOT": StackOp(1, 1),
     "UNARY_INVERT": StackOp(1, 1),
     "BUILD_STRING": StackOp(lambda inst: inst.arg or 0, 1),
+    "BUILD_SLICE": StackOp(lambda inst: inst.arg or 0, 1),
     "UNPACK_SEQUENCE": StackOp(1, lambda code, inst: (VALUE,) * (inst.arg or 0)),
     "LOAD_ATTR": StackOp(1, _load_attr_outputs, _emit_load_attr),
     "STORE_ATTR": StackOp(2, 0, _emit_named("STORE_ATTR")),

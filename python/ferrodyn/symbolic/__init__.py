@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from ferrodyn.exc import BreakReason, Unsupported
+from ferrodyn.exc import BreakReason, RestartAnalysis, Unsupported
 from ferrodyn.source import ClosureSource, GlobalSource, LocalSource
 from ferrodyn.trace_result import TraceResult
 
@@ -36,6 +36,9 @@ def _n_arg_slots(code: types.CodeType) -> int:
     if code.co_flags & inspect.CO_VARKEYWORDS:
         n += 1
     return n
+
+
+_MAX_RESTARTS = 8
 
 
 def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: tuple,
@@ -65,6 +68,16 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
     local_vars = {names[i]: LazyVariable(source=LocalSource(i, names[i]), value=v)
                   for i, v in enumerate(args)}
     def run(stop_at=None):
+        for _ in range(_MAX_RESTARTS):
+            try:
+                return run_once(stop_at)
+            except RestartAnalysis:  # the trace changed what it reads (a lazy module initialized)
+                continue
+        raise Unsupported(f"{code.co_name}: the trace restarted {_MAX_RESTARTS} times",
+                          BreakReason.UNSUPPORTED_CALL, filename=code.co_filename,
+                          lineno=code.co_firstlineno)
+
+    def run_once(stop_at=None):
         output = OutputGraph(f_globals, f_builtins)
         from ferrodyn.resume import autocast_state
         grad, autocast = torch.is_grad_enabled(), autocast_state()

@@ -43,6 +43,9 @@ class NNModuleVariable(UserObjectVariable):
 
     def call_function(self, tx, args, kwargs):
         from ferrodyn.variables.module_hooks import call_module, read_hooks
+        from ferrodyn.variables.lazy_modules import initialize_lazy_module, needs_initialization
+        if needs_initialization(self.value):
+            initialize_lazy_module(tx, self, args, kwargs)
         if type(self.value).__call__ is torch.nn.Module.__call__:
             return call_module(tx, self, args, kwargs)
         if read_hooks(tx, self):  # a custom __call__ around hooks is not modelled
