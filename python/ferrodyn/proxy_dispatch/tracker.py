@@ -166,6 +166,9 @@ class ProxyTracker:
         self.symbolic = symbolic
         self.lazy = False
         self._const_names: dict[int, tuple[str, object]] = {}
+        # prefix -> the lowest N that may be free for `{prefix}{N}` on the root (names are taken
+        # in order and never freed during a trace, so the search starts there, not at 0)
+        self._next_attr: dict[str, int] = {}
         self._val_mode = None
         # id(FakeTensor) -> the node whose meta["val"] is that very tensor (ids are stable:
         # the node keeps the tensor alive for the whole trace)
@@ -283,9 +286,10 @@ class ProxyTracker:
     def _attr_node(self, obj, prefix: str) -> fx.Node:
         entry = self._const_names.get(id(obj))
         if entry is None or entry[1] is not obj:
-            i = 0
+            i = self._next_attr.get(prefix, 0)
             while hasattr(self.root, f"{prefix}{i}"):
                 i += 1
+            self._next_attr[prefix] = i + 1
             qualname = f"{prefix}{i}"
             setattr(self.root, qualname, obj)
             self._const_names[id(obj)] = entry = (qualname, obj)
