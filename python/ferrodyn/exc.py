@@ -54,6 +54,25 @@ class Unsupported(_torch_exc.Unsupported):
         self.filename = filename
         self.lineno = lineno
 
+    def at(self, filename: str, lineno: int | None) -> "Unsupported":
+        """The same refusal, of the same class, naming the user's file and line."""
+        located = Unsupported.__new__(type(self))
+        Unsupported.__init__(located, self.construct, self.reason, filename=filename,
+                             lineno=lineno)
+        return located
+
+
+class RaisedWhileTracing(Unsupported):
+    """A real operation on the traced values raised at trace time (an attribute missing on a
+    constant, an unhashable key, ...), so the same instruction raises in eager unless what the
+    trace folded differs there (`torch.compiler.is_compiling()` is True in the trace). When no
+    handler of the traced frames covers it, the frame runs eagerly (torch.compile's observed
+    exception): breaking the graph there would run the raising instruction after a prefix traced
+    with `is_compiling()` true, and code that avoids the error only when not compiling raises."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg, BreakReason.EXCEPTION)
+
 
 class BackendCompilerFailed(_torch_exc.BackendCompilerFailed):
     """The backend raised while compiling a captured graph."""

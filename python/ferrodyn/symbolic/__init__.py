@@ -55,6 +55,7 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
     from ferrodyn.symbolic.translator import InstructionTranslator, StopAtBreak
     from ferrodyn.variables.base import LazyVariable
     from ferrodyn.trace_result import OutCell
+    from ferrodyn.exc import RaisedWhileTracing
     from ferrodyn.variables.exceptions import TracedException
     from ferrodyn.variables.functions import existing_cell
 
@@ -104,7 +105,8 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
         return run()
     except Unsupported as e:
         path = e.__dict__.pop("break_path", None) or []
-        if fullgraph or not path or isinstance(e, TracedException):
+        if fullgraph or not path or isinstance(e, TracedException) or (
+                isinstance(e, RaisedWhileTracing) and not _covered_by_handler(path)):
             # An exception the trace raised and no handler of the frame catches: the frame
             # runs eagerly (torch.compile's "observed exception"). A break at the raising
             # instruction would run it after a prefix traced with `is_compiling()` true, so
@@ -124,6 +126,17 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
                 if again is not e:
                     e.__dict__.setdefault("resume_refusals", []).append(str(again))
         raise
+
+
+def _covered_by_handler(path) -> bool:
+    """Whether an exception at the breaking instruction would meet a handler (`except`,
+    `finally`, a `with`'s cleanup) in one of the traced frames of `path` (root first)."""
+    import dis
+    for t, index, _ in path:
+        offset = t.instructions[index].offset
+        if any(e.start <= offset < e.end for e in dis._parse_exception_table(t.code)):
+            return True
+    return False
 
 
 __all__ = ["trace_frame"]

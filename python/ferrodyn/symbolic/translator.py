@@ -130,8 +130,7 @@ class InstructionTranslator:
             unwind(self, e)
         except Unsupported as e:
             if e.filename is None:
-                raise Unsupported(e.construct, e.reason, filename=self.code.co_filename,
-                                  lineno=inst.lineno) from e
+                raise e.at(self.code.co_filename, inst.lineno) from e
             raise
         except RecursionError:
             raise Unsupported(f"recursion while tracing {self.code.co_name}",

@@ -40,6 +40,13 @@ def unsupported(msg: str, reason: BreakReason = BreakReason.OTHER) -> NoReturn:
     raise Unsupported(msg, reason)
 
 
+def raised_while_tracing(msg: str) -> NoReturn:
+    """Give up on an instruction whose real operation raised at trace time (exc.py
+    `RaisedWhileTracing`: uncaught, the frame runs eagerly instead of breaking there)."""
+    from ferrodyn.exc import RaisedWhileTracing
+    raise RaisedWhileTracing(msg)
+
+
 @dataclass(frozen=True, eq=False)
 class VariableTracker:
     """Base of all trackers. `source` says where the value came from (None: made in the frame)."""

@@ -27,7 +27,8 @@ from ferrodyn.variables import dunder_new, itertools_vars, namedtuple_vars
 from ferrodyn.variables import exceptions
 from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
-from ferrodyn.variables.base import VariableTracker, instance_has_attr, unsupported
+from ferrodyn.variables.base import (
+    VariableTracker, instance_has_attr, raised_while_tracing, unsupported)
 from ferrodyn.variables.constant import ConstantVariable, fold, is_constant_value, wrap_constant
 from ferrodyn.variables.dicts import DictVariable, dict_key
 from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
@@ -118,7 +119,7 @@ def _isinstance(tx, obj, classinfo):
     try:
         return _c(issubclass(_type_of(tx, obj), cls))
     except TypeError as e:
-        unsupported(str(e), BreakReason.EXCEPTION)
+        raised_while_tracing(str(e))
 
 
 def _issubclass(tx, cls, classinfo):

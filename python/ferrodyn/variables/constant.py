@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ferrodyn.exc import BreakReason
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsupported
 
 # Types whose instances are immutable values: safe to fold and to embed as graph constants.
 CONSTANT_TYPES: tuple[type, ...] = (
@@ -68,7 +68,7 @@ class ConstantVariable(VariableTracker):
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
-            unsupported(f"{e}", BreakReason.EXCEPTION)
+            raised_while_tracing(f"{e}")
         if callable(attr) and not isinstance(attr, type):
             return ConstantMethodVariable(obj=self.value, name=name)
         if is_constant_value(attr):
@@ -82,7 +82,7 @@ class ConstantVariable(VariableTracker):
         try:
             items = list(self.value)
         except TypeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
+            raised_while_tracing(str(e))
         return [ConstantVariable(value=v) for v in items]
 
     def truth(self, tx):

@@ -24,7 +24,7 @@ from typing import Any
 from ferrodyn.exc import BreakReason
 from ferrodyn.side_effects import MutationType
 from ferrodyn.trace_result import OutCall, OutConst, OutTuple
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 from ferrodyn.variables.dicts import DictVariable
 from ferrodyn.variables.user_objects import _ABSENT, NewObjectVariable, ObjState, lookup_class_attr
@@ -198,7 +198,7 @@ class DataclassFieldVariable(VariableTracker):
         try:
             value = getattr(self.value, name)
         except AttributeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
+            raised_while_tracing(str(e))
         if value is dataclasses.MISSING:
             return _MissingVariable()
         return build_unsourced(value)
@@ -223,7 +223,7 @@ def dataclass_fields(tx, obj) -> VariableTracker:
     try:
         fields = dataclasses.fields(cls)
     except TypeError as e:
-        unsupported(str(e), BreakReason.EXCEPTION)
+        raised_while_tracing(str(e))
     return TupleVariable(items=tuple(DataclassFieldVariable(value=f) for f in fields))
 
 

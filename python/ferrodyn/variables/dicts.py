@@ -23,7 +23,8 @@ from typing import Any, Callable
 from ferrodyn.exc import BreakReason
 from ferrodyn.side_effects import MutationType, replace_dict
 from ferrodyn.trace_result import OutCall, OutConst, OutDict, OutTuple
-from ferrodyn.variables.base import instance_has_attr, VariableTracker, unsupported
+from ferrodyn.variables.base import (
+    VariableTracker, instance_has_attr, raised_while_tracing, unsupported)
 from ferrodyn.variables.constant import ConstantVariable
 
 
@@ -43,7 +44,7 @@ def dict_key(tx, key: VariableTracker) -> Any:
     try:
         hash(value)
     except TypeError as e:
-        unsupported(str(e), BreakReason.EXCEPTION)
+        raised_while_tracing(str(e))
     return value
 
 

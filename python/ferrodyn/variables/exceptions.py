@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ferrodyn.exc import BreakReason, Unsupported
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
 _NONE = ConstantVariable(value=None)
@@ -191,7 +191,7 @@ def raise_real(exc: BaseException, construct: str) -> None:
     """Raise the traced version of `exc` (see `from_real`), or refuse naming `construct`."""
     v = from_real(exc)
     if v is None:
-        unsupported(f"{construct} raised {type(exc).__name__}: {exc}", BreakReason.EXCEPTION)
+        raised_while_tracing(f"{construct} raised {type(exc).__name__}: {exc}")
     raise TracedException(v)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ferrodyn.exc import BreakReason
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsupported
 
 _HIERARCHY_CHECKS = (type.__instancecheck__, abc.ABCMeta.__instancecheck__,
                      type(torch.nn.Parameter).__instancecheck__)
@@ -58,7 +58,7 @@ def metaclass_isinstance(tx, obj: VariableTracker, classinfo) -> bool | None:
             try:
                 hit = issubclass(obj_type, cls)
             except TypeError as e:
-                unsupported(str(e), BreakReason.EXCEPTION)
+                raised_while_tracing(str(e))
         elif is_legacy_tensor_type(cls):
             hit = isinstance(obj.example, cls) if isinstance(obj, TensorVariable) else \
                 issubclass(obj_type, cls)

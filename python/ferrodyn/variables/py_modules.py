@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource
-from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.base import LazyVariable, VariableTracker, raised_while_tracing, unsupported
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +39,7 @@ class PythonModuleVariable(VariableTracker):
         try:
             value = getattr(self.value, name)
         except AttributeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
+            raised_while_tracing(str(e))
         modname = self.value.__name__
         flags = _torch_flags_object(tx, self.source, name, value)
         if flags is not None:
@@ -93,7 +93,7 @@ class TorchFlagsVariable(VariableTracker):
         try:
             value = getattr(self.value, name)
         except AttributeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
+            raised_while_tracing(str(e))
         if not _is_mutable_config(value) or self.source is None:
             unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_TYPE)
         return LazyVariable(source=AttrSource(self.source, name), value=value)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ferrodyn.exc import BreakReason, graph_break
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsupported
 from ferrodyn.variables.constant import ConstantVariable, fold, wrap_constant
 from ferrodyn.variables.ctx_managers import CTX_MANAGER_HANDLERS
 from ferrodyn.variables.tensor import TensorVariable, record_op
@@ -203,7 +203,7 @@ class TorchFunctionVariable(VariableTracker):
         try:
             value = getattr(self.fn, name)
         except AttributeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
+            raised_while_tracing(str(e))
         from ferrodyn.variables.builder import build_unsourced
         return build_unsourced(value)
 

@@ -26,7 +26,7 @@ from typing import Any
 from ferrodyn.exc import BreakReason
 from ferrodyn.source import AttrSource, DictOfSource, ItemSource, Source, TypeSource
 from ferrodyn.trace_result import OutCall, OutTuple
-from ferrodyn.variables.base import VariableTracker, unsupported
+from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsupported
 from ferrodyn.variables.constant import ConstantVariable
 
 _ABSENT = object()
@@ -486,7 +486,7 @@ class UserObjectVariable(ObjectLike):
         try:
             value = getattr(self.value, name)
         except AttributeError as e:
-            unsupported(str(e), BreakReason.EXCEPTION)
+            raised_while_tracing(str(e))
         return _lazy(value, _sub(self.source, lambda s: AttrSource(s, name)))
 
 
