@@ -141,3 +141,47 @@ def test_symbolic_trace_is_repeatable():
     states = [(gm.code, shape_state(gm))
               for gm in (assert_same_as_torch(fn, args, "symbolic") for _ in range(3))]
     assert states[0] == states[1] == states[2]
+
+
+def test_fast_cache_key_flattening_equals_torchs(monkeypatch):
+    # make_fx's fake modes flatten the dispatch-cache key's arguments with their own code
+    # (fake_cache._prep_args_for_hash): every key of these traces, and the symbols it saw, must
+    # be the ones torch's own flattening gives for the same op and arguments
+    from torch._subclasses import fake_tensor as ft
+    from torch._subclasses._fake_tensor_utils import _CacheKeyState
+
+    from ferrodyn.proxy_dispatch import make_fx
+
+    cache_key = ft.FakeTensorMode._cache_key
+    compared = []
+
+    def checked(self, state, func, args, kwargs):
+        def torchs():
+            fast = vars(self).pop("_prep_args_for_hash")
+            try:
+                s = _CacheKeyState(self.shape_env)
+                return s, cache_key(self, s, func, args, kwargs)
+            finally:
+                self._prep_args_for_hash = fast
+
+        if "_prep_args_for_hash" not in vars(self):
+            return cache_key(self, state, func, args, kwargs)
+        try:
+            key = cache_key(self, state, func, args, kwargs)
+        except ft._BypassDispatchCache as e:
+            with pytest.raises(ft._BypassDispatchCache) as want:
+                torchs()
+            assert want.value.reason == e.reason
+            raise
+        s, want = torchs()
+        assert key.key == want.key
+        assert [type(v) for v in key.key] == [type(v) for v in want.key]
+        assert (state.sym_node_lookup, state.known_symbols) == (s.sym_node_lookup, s.known_symbols)
+        compared.append(func)
+        return key
+
+    monkeypatch.setattr(ft.FakeTensorMode, "_cache_key", checked)
+    for fn, make_args, _ in PROGRAMS.values():
+        for mode in ("fake", "symbolic"):
+            make_fx(fn, tracing_mode=mode)(*make_args())
+    assert len(compared) > 300

@@ -24,14 +24,24 @@ where the entry is never used leaves the graph, its values and the ShapeEnv as t
 Entries of the process-wide cache (ops with no symbolic input), which other fake modes read,
 are checked at once as torch does.
 
+Also owns a faster equivalent of the cache key's argument flattening
+(`FakeTensorMode._prep_args_for_hash`), installed on the same fake modes: it appends exactly the
+values torch appends, in the same order (a FakeTensor's `TensorMetadata` fields written out
+directly instead of through a dataclass instance and `dataclasses.fields`), and hands every case
+it does not write out itself (dicts, sparse or other non-strided tensors, functions, modules,
+devices, any other type) to torch's own function. Installed only where `TensorMetadata` has the
+fields it was written against.
+
 Does not own: the fake mode's set-up (make_fx.py, symbolic_shapes.py) or op recording (mode.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import torch
+from torch import SymInt
 from torch._subclasses import fake_tensor as _ft
 
 _FTM = _ft.FakeTensorMode
@@ -86,6 +96,8 @@ def install(fake_mode) -> bool:
     )
     fake_mode._output_from_cache_entry = types.MethodType(_checking_output(pending), fake_mode)
     fake_mode._cached_dispatch_impl = types.MethodType(_cached_dispatch_impl, fake_mode)
+    if _fast_key_available():
+        fake_mode._prep_args_for_hash = types.MethodType(_prep_args_for_hash, fake_mode)
     return True
 
 
@@ -159,3 +171,98 @@ def _cached_dispatch_impl(self, func, types, args, kwargs):
         )
         _FTM.cache_bypasses[e.reason] += 1
         return self._dispatch_impl(func, types, args, kwargs)
+
+
+# -- the cache key's argument flattening ----------------------------------------------------
+
+_prep_args = _FTM._prep_args_for_hash
+_METADATA_FIELDS = (
+    "dtype", "shape", "stride", "device", "layout", "memory_format", "storage_offset",
+    "storage_bytes", "requires_grad", "is_quantized", "is_conj", "is_neg", "is_inference",
+    "is_sparse", "is_coalesced", "dense_dim", "sparse_dim",
+)
+# leaves torch's flattening appends as (type, value): none of them is a type it tests for first
+_PLAIN = frozenset({int, float, bool, str, complex, type(None), torch.dtype, torch.layout,
+                    torch.memory_format})
+_STRIDED = torch.strided
+_FakeTensor = _ft.FakeTensor
+
+
+def _fast_key_available() -> bool:
+    try:
+        fields = tuple(f.name for f in dataclasses.fields(_ft.TensorMetadata))
+    except TypeError:
+        return False
+    return fields == _METADATA_FIELDS and hasattr(_ft, "suggest_memory_format")
+
+
+def _prep_args_for_hash(self, result, args, state, id_hashed_objects):
+    """torch's `_prep_args_for_hash` (same appends, same order, same bypasses), with plain
+    leaves, SymInts, lists/tuples and strided FakeTensors written out here."""
+    ta = type(args)
+    if ta is dict or not isinstance(args, (list, tuple)):
+        return _prep_args(self, result, args, state, id_hashed_objects)
+    append = result.append
+    append(ta)
+    append(f"length_{len(args)}")
+    for arg in args:
+        t = type(arg)
+        if t in _PLAIN:
+            append(t)
+            append(arg)
+        elif t is SymInt:
+            state.convert_sym_int(result, arg)
+        elif t is _FakeTensor and arg.layout is _STRIDED and not arg.is_mkldnn:
+            _flatten_fake(self, result, arg, state)
+        elif t is list or t is tuple:
+            _prep_args_for_hash(self, result, arg, state, id_hashed_objects)
+        else:  # torch's code for this one argument (an iterator: no container header)
+            _prep_args(self, result, iter((arg,)), state, id_hashed_objects)
+
+
+def _flatten_sizes(result, values, state) -> None:
+    result.append(type(values))
+    result.append(f"length_{len(values)}")
+    for v in values:
+        if type(v) is SymInt:
+            state.convert_sym_int(result, v)
+        elif type(v) in _PLAIN:
+            result.append(type(v))
+            result.append(v)
+        else:  # pragma: no cover - sizes and strides hold ints and SymInts
+            raise AssertionError(f"unexpected size {v!r}")
+
+
+def _flatten_fake(mode, result, t, state) -> None:
+    """What torch appends for a strided FakeTensor argument: its checks, then
+    `extract_tensor_metadata(t)._flatten_into(result, mode, state)` written out field by field
+    (a tuple field flattened as a container, a SymInt converted, any other value appended)."""
+    if t.fake_mode is not mode:
+        raise _ft._BypassDispatchCache("not our fake")
+    if t.constant is not None:
+        raise _ft._BypassDispatchCache("constant attribute")
+    append = result.append
+    append(t.dtype)
+    _flatten_sizes(result, t.shape, state)
+    _flatten_sizes(result, t.stride(), state)
+    append(t.device)
+    append(_STRIDED)
+    if t._has_symbolic_sizes_strides:
+        append(None)
+    else:
+        fmt = _ft.suggest_memory_format(t)
+        append(fmt if t.is_contiguous(memory_format=fmt) else None)
+    for v in (t.storage_offset(), t.untyped_storage().nbytes()):
+        if type(v) is SymInt:
+            state.convert_sym_int(result, v)
+        else:
+            append(v)
+    append(t.requires_grad)
+    append(t.is_quantized)
+    append(t.is_conj())
+    append(t.is_neg())
+    append(t.is_inference())
+    append(t.is_sparse)
+    append(None)
+    append(None)
+    append(None)
