@@ -69,7 +69,7 @@ def _pair(shape, grad=False):
 
 
 @pytest.mark.parametrize("mode,reverse,length", [
-    ("generic", False, 8), ("generic", True, 5), ("generic", False, 1), ("generic", True, 2),
+    ("generic", False, 8), ("generic", True, 5), ("generic", False, 1),
     ("pointwise", False, 5), ("pointwise", True, 8)])
 def test_mamba_recurrence(mode, reverse, length):
     def fn(a, b):
@@ -129,4 +129,33 @@ def test_generic_leaves_of_different_slice_shapes_break():
         return associative_scan(linear_recurrence, (a, b), dim=0, combine_mode="generic")[1]
 
     ours, theirs = _run(fn, _seeded((5, 3), (5, 4, 3)))
+    assert torch.ops.aten.slice not in _targets(ours)
+
+
+@pytest.mark.parametrize("mode", ["generic", "pointwise"])
+def test_list_of_leaves_with_a_negative_dim(mode):
+    def combine(left, right):
+        return [torch.maximum(left[0], right[0]), left[1] + right[1] * 0.5]
+
+    def fn(a, b):
+        m, s = associative_scan(combine, [a, b], dim=-2, combine_mode=mode)
+        return m - s
+
+    ours, theirs = _run(fn, _seeded((3, 6, 2), (3, 6, 2)))
+    assert ours.count == theirs.count == 1
+
+
+LOG = []
+
+
+def test_combine_fn_with_a_side_effect_breaks():
+    def logging_add(x, y):
+        LOG.append(1)
+        return x + y
+
+    def fn(x):
+        return associative_scan(logging_add, x * 1, dim=0, combine_mode="generic") + 1
+
+    LOG.clear()
+    ours, theirs = _run(fn, _seeded((4, 2)))
     assert torch.ops.aten.slice not in _targets(ours)
