@@ -65,6 +65,8 @@ class OutputGraph:
         self.grad_at_start = torch.is_grad_enabled()  # the frame's (guarded) grad mode
         # GraphModules of higher-order ops' bodies, reached by `get_attr` nodes (higher_order.py)
         self.subgraphs: dict[str, torch.nn.Module] = {}
+        # (node, break path) of tensors made leaves by `requires_grad_` (requires_grad.py)
+        self.requires_grad_leaves: list[tuple[torch.fx.Node, list]] = []
         # calls made for their effect only (`warnings.warn`), replayed by the entry after the
         # graph, in program order: (function, argument trackers, keyword names)
         self.install_guard(None, GuardKind.GLOBAL_STATE)
@@ -182,6 +184,8 @@ class OutputGraph:
         mode = self._drop_grad_switches(entry_sets_grad)
         if mode is not None and not entry_sets_grad:
             effects.insert(0, OutCall(torch._C._set_grad_enabled, (OutConst(mode),)))
+        from ferrodyn.variables.requires_grad import check_leaks
+        check_leaks(self, outputs)
         self.graph.output(tuple(outputs))
         self.graph.lint()
         mutates = self._mutates_inputs()

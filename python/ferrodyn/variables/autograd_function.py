@@ -11,7 +11,8 @@ is indistinguishable from running it at its place in the frame, which this modul
 into a throwaway graph (`_SpeculationGraph`: the parent's FakeTensorMode, its own SideEffects
 table, no new graph inputs), over fresh stand-ins of the arguments as apply binds them to
 forward (`_bind`: keywords by forward's `__code__`; a setup_context forward gets its
-defaults) (tensors: detached fake twins; constants; tuples/lists of those) and a modelled `ctx`
+defaults) (tensors: detached fake twins; constants; tuples/lists of those; exact dicts keyed
+by constants, as new dicts checked unchanged after forward) and a modelled `ctx`
 (`FunctionCtxVariable`). The call is refused (the caller graph-breaks there, as for any
 unmodelled call) when the speculation records a side effect visible outside the Function
 (mutations of existing objects, global or attribute stores, prints, logging), reads a tensor
@@ -322,8 +323,20 @@ def _check_arg(tx, name: str, a: VariableTracker) -> None:
         for item in a.unpack(tx):
             _check_arg(tx, name, tx.realize(item))
         return
+    if _plain_dict(a):  # a config dict (transformers' yoso): str/number keys
+        for v in a.state.items.values():
+            _check_arg(tx, name, tx.realize(v))
+        return
     unsupported(f"{name} with an argument of type {a.describe()} (only tensors, constants and "
-                f"tuples/lists of those)", BreakReason.UNSUPPORTED_TYPE)
+                f"tuples/lists/dicts of those)", BreakReason.UNSUPPORTED_TYPE)
+
+
+def _plain_dict(a: VariableTracker) -> bool:
+    """An exact dict (not a subclass, not a read-only view) keyed by constants. The node passes
+    apply a new dict of the same items (guarded); forward must leave it unchanged."""
+    from ferrodyn.variables.dicts import DictVariable
+    return (type(a) is DictVariable and a.state.cls is dict and not a.state.read_only
+            and all(is_constant_value(k) for k in a.state.items))
 
 
 # ---- speculation -------------------------------------------------------------------------------
@@ -370,6 +383,12 @@ def _stand_ins(tx, spec: _SpeculationGraph, a: VariableTracker, memo: dict,
         return memo[key]
     if isinstance(a, ConstantVariable):
         return ConstantVariable(value=a.value)
+    if _plain_dict(a):
+        from ferrodyn.variables.dicts import DictVariable
+        values = {k: _stand_ins(tx, spec, v, memo, lists) for k, v in a.state.items.items()}
+        new = DictVariable.new(values)
+        lists.append((values, new))
+        return new
     items = [_stand_ins(tx, spec, i, memo, lists) for i in a.unpack(tx)]
     if isinstance(a, TupleVariable):
         return TupleVariable(items=tuple(items))
@@ -438,8 +457,13 @@ def _speculate(tx, cls: type, cls_source: Source | None, args: list) -> bool:
             unsupported(f"{cls.__name__}.backward has side effects", BreakReason.SIDE_EFFECT)
         for items, new in lists:
             now = new.state.items
-            if len(now) != len(items) or any(x is not y for x, y in zip(now, items)):
-                unsupported(f"{cls.__name__} mutates a list argument", BreakReason.SIDE_EFFECT)
+            if isinstance(items, dict):  # a dict argument: same keys, in order, same values
+                same = list(now) == list(items) and all(now[k] is v for k, v in items.items())
+            else:
+                same = len(now) == len(items) and all(x is y for x, y in zip(now, items))
+            if not same:
+                unsupported(f"{cls.__name__} mutates a list or dict argument",
+                            BreakReason.SIDE_EFFECT)
     except Unsupported as e:
         # the break happens at the caller's `apply` call: no path into the speculation
         raise Unsupported(f"{name}: {e.construct}", BreakReason.UNSUPPORTED_CALL) from None

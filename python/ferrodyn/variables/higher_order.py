@@ -257,11 +257,14 @@ def fresh_fake(tx, example: torch.Tensor) -> torch.Tensor:
 
 
 def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: str,
-                       stand_ins: tuple = (), bare_output: bool = False) -> Subgraph:
+                       stand_ins: tuple = (), bare_output: bool = False,
+                       pack=None) -> Subgraph:
     """Trace `fn(*own, *args, **kwargs)` into a child graph of `tx.output`, `own` being one
     fresh placeholder per fake tensor of `stand_ins` (the body's own inputs, first); raises
     Unsupported at the caller's call when the body cannot be captured exactly. `bare_output`:
-    a body returning one tensor outputs it alone (not a 1-tuple: while_loop's cond_fn)."""
+    a body returning one tensor outputs it alone (not a 1-tuple: while_loop's cond_fn).
+    `pack`: own trackers -> the positional arguments standing for them (associative_scan's
+    combine_fn takes the two halves as pytrees)."""
     from ferrodyn.symbolic.translator import InstructionTranslator
     parent = tx.output
     table = parent.side_effects
@@ -272,6 +275,7 @@ def speculate_subgraph(tx, fn: VariableTracker, args: list, kwargs: dict, what: 
     try:
         own = [child.own_input(ex, f"child_{i}") for i, ex in enumerate(stand_ins)]
         stx = InstructionTranslator(tx.code, tx.f_globals, child, {}, {}, tx.globals_source)
+        own = list(pack(own)) if pack is not None else own
         out = stx.realize(fn.call_function(stx, [*own, *args], dict(kwargs)))
         if table.logged_since(mark):
             unsupported(f"{what} has side effects", BreakReason.SIDE_EFFECT)

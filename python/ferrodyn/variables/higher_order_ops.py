@@ -53,6 +53,7 @@ from ferrodyn.variables.higher_order import (
     install_subgraph, rebuild_output, same_structure, speculate_subgraph,
 )
 from ferrodyn.variables.lists import ListVariable, TupleVariable
+from ferrodyn.variables.scan_ops import SCAN_HANDLERS
 from ferrodyn.variables.tensor import TensorVariable, wrap_graph_value
 
 _TAG_AC = torch.ops.higher_order.tag_activation_checkpoint
@@ -363,4 +364,5 @@ HIGHER_ORDER_HANDLERS: dict[Any, Callable] = {
     _while_loop_fn: _while_loop,
     _WHILE: _while_loop,
     _map_fn: _map,
+    **SCAN_HANDLERS,  # associative_scan (scan_ops.py)
 }

@@ -49,7 +49,7 @@ REFUSED_METHODS = {
     "__int__": BreakReason.DATA_DEPENDENT, "__float__": BreakReason.DATA_DEPENDENT,
     "__index__": BreakReason.DATA_DEPENDENT, "data_ptr": BreakReason.DATA_DEPENDENT,
     "backward": BreakReason.SIDE_EFFECT, "register_hook": BreakReason.SIDE_EFFECT,
-    "retain_grad": BreakReason.SIDE_EFFECT, "requires_grad_": BreakReason.SIDE_EFFECT,
+    "retain_grad": BreakReason.SIDE_EFFECT,
     "storage": BreakReason.UNSUPPORTED_TYPE, "untyped_storage": BreakReason.UNSUPPORTED_TYPE,
     "set_": BreakReason.SIDE_EFFECT, "share_memory_": BreakReason.SIDE_EFFECT,
     "apply_": BreakReason.UNSUPPORTED_CALL, "map_": BreakReason.UNSUPPORTED_CALL,
@@ -195,6 +195,8 @@ def call_tensor_method(tx, tensor: TensorVariable, name: str, args, kwargs) -> V
         return _SHAPE_METHODS[name](tx, tensor, args, kwargs)
     if name in _CONVERSION_METHODS:
         return _CONVERSION_METHODS[name](tx, tensor, args, kwargs)
+    if name in _AUTOGRAD_METHODS:
+        return _AUTOGRAD_METHODS[name](tx, tensor, args, kwargs)
     if name == "__iter__" and not args and not kwargs:  # iter(self.unbind(0)): its rows
         return tensor.iterator(tx)
     return record_op(tx, "call_method", name, [tensor, *args], kwargs)
@@ -246,6 +248,15 @@ _CONVERSION_METHODS = {"numpy": _numpy_method}
 # Shape queries answered from the fake example (symbolic under dynamic shapes).
 _SHAPE_METHODS = {"size": _size_method}
 _SHAPE_ATTRS = {"shape": _shape_attr}
+
+
+def _requires_grad_method(tx, tensor, args, kwargs):
+    from ferrodyn.variables.requires_grad import requires_grad_
+    return requires_grad_(tx, tensor, args, kwargs)
+
+
+# Autograd metadata changes modelled as effects local to the graph (requires_grad.py)
+_AUTOGRAD_METHODS = {"requires_grad_": _requires_grad_method}
 
 
 # ---- recording ------------------------------------------------------------------------------
