@@ -62,22 +62,25 @@ class NNModuleVariable(UserObjectVariable):
 
     # -- mutation: nn.Module.__setattr__ / __delattr__ (nn_module_state.py) ----------------
     def setattr(self, tx, name, value):
-        """Modelled where `Module.__setattr__` is `object.__setattr__` (a plain attribute)."""
-        from ferrodyn.variables.nn_module_state import is_plain_store
-        if not is_plain_store(tx, self, name, value):
-            unsupported(f"assignment to module attribute {name!r} of a "
-                        f"{type(self.value).__name__} (registers a parameter, buffer or module)",
-                        BreakReason.SIDE_EFFECT)
-        self._plain_slot_check(tx, name)
-        self.record_store(tx, name, value)
+        """A plain attribute is stored directly; anything else (a Parameter, Buffer or Module
+        value, a name in one of the module's dicts, a class's own `__setattr__`) runs that
+        `__setattr__` (torch's code, inlined), which writes into the dict trackers."""
+        from ferrodyn.variables.nn_module_state import class_hook, is_plain_store
+        if is_plain_store(tx, self, name, value):
+            self._plain_slot_check(tx, name)
+            self.record_store(tx, name, value)
+            return
+        tx.realize(class_hook(tx, self, "__setattr__")).call_function(
+            tx, [ConstantVariable(value=name), value], {})
 
     def delattr(self, tx, name):
-        from ferrodyn.variables.nn_module_state import is_plain_store
-        if not is_plain_store(tx, self, name, None):
-            unsupported(f"deletion of module attribute {name!r} of a {type(self.value).__name__}",
-                        BreakReason.SIDE_EFFECT)
-        self._plain_slot_check(tx, name)
-        self.record_delete(tx, name)
+        from ferrodyn.variables.nn_module_state import class_hook, is_plain_store
+        if is_plain_store(tx, self, name, None):
+            self._plain_slot_check(tx, name)
+            self.record_delete(tx, name)
+            return
+        tx.realize(class_hook(tx, self, "__delattr__")).call_function(
+            tx, [ConstantVariable(value=name)], {})
 
     def _tree_method(self, tx, name):
         """The table's handler of `name` when it is `nn.Module`'s own method, unshadowed."""

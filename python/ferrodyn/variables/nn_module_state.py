@@ -107,6 +107,23 @@ def is_plain_store(tx, mod, name: str, value: VariableTracker | None) -> bool:
                                          buffer is not None and issubclass(t, buffer)))
 
 
+def class_hook(tx, mod, hook: str) -> VariableTracker:
+    """`type(m).__setattr__` / `__delattr__` bound to the module, read through the class's
+    Source when the module has one (torch's code then reads its own globals, e.g.
+    `_global_module_registration_hooks`, through Sources that guard them). Refused when it is
+    not Python code."""
+    import types
+    from ferrodyn.variables.user_objects import class_attr_tracker, lookup_class_attr
+    cls = type(mod.value)
+    attr = lookup_class_attr(cls, hook)
+    if not isinstance(attr, types.FunctionType):
+        unsupported(f"{cls.__name__}.{hook} is not Python code", BreakReason.SIDE_EFFECT)
+    if mod.source is None:
+        unsupported(f"mutation of a {cls.__name__} that cannot be reached from the frame",
+                    BreakReason.SIDE_EFFECT)
+    return class_attr_tracker(tx, cls, mod.type_source(), hook, attr, mod)
+
+
 def object_key(tx, v: Any) -> Any:
     """A key equal for two module-dict items that are the same object (the dedup of
     `named_parameters`/`named_buffers`/`named_modules`): an item not used yet (a LazyVariable)
