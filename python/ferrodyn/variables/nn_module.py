@@ -21,6 +21,7 @@ from ferrodyn.guard_spec import GuardKind
 from ferrodyn.source import DictOfSource, ItemSource
 from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.nn_module_convert import CONVERSIONS
 from ferrodyn.variables.user_objects import UserObjectVariable, _sub
 
 _FALLBACK_DICTS = ("_parameters", "_buffers", "_modules")
@@ -264,6 +265,7 @@ _TREE_METHODS: dict[str, Callable] = {
     "modules": _values(_named_modules, ()),
     "named_children": _named_children,
     "children": _values(_named_children, ()),
+    **CONVERSIONS,  # .to() / .float() / ... as no-ops (nn_module_convert.py)
 }
 
 
