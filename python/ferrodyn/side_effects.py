@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import gc
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ferrodyn.exc import BreakReason
@@ -147,6 +148,14 @@ class SideEffects:
             self._reached.append((source, value))
         return hit[1]
 
+    def tracked_object(self, var: "VariableTracker") -> tuple[Any] | None:
+        """`(obj,)` when `var` is the tracker of object `obj` in the identity table, else None
+        (the reverse of `tracked`)."""
+        for obj, v in self._by_id.values():
+            if v is var:
+                return (obj,)
+        return None
+
     def track(self, value: Any, source: "Source | None", var: "VariableTracker") -> "VariableTracker":
         import torch
         if isinstance(value, torch.nn.Module):
@@ -198,11 +207,15 @@ class SideEffects:
 
     # -- containers read behind the trackers' back -------------------------------------------
     def _note_module_internals(self, m: Any) -> None:
-        """nn.Module lookups, calls and tree walks read `_parameters`, `_buffers`, `_modules`
-        and the hook dicts directly: mutating them through a dict tracker would not be seen, so
-        it is refused (in either order)."""
+        """nn.Module calls read the hook dicts directly: mutating them through a dict tracker
+        would not be seen, so it is refused (in either order). `_parameters`, `_buffers` and
+        `_modules` are the exception: every reader of them asks for their dict tracker first
+        (nn_module_state.module_dict), so their mutations are recorded and replayed."""
         from ferrodyn.variables.base import unsupported
+        from ferrodyn.variables.nn_module_state import MODELLED_MODULE_DICTS
         for k, v in vars(m).items():
+            if k in MODELLED_MODULE_DICTS and type(v) in (dict, OrderedDict):
+                continue
             if k.startswith("_") and isinstance(v, (dict, list)):
                 if id(v) in self._mutated_objs:
                     unsupported(f"module {type(m).__name__}.{k} mutated as a container",

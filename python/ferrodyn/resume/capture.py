@@ -203,6 +203,11 @@ def _rebuild_value(tx, v, exc: Unsupported):
             if r is None:
                 _refuse(exc, f"a live {v.obj.describe()} that cannot be entered again")
             return ConstantVariable(value=r)
+        from ferrodyn.variables.nn_module import NNModuleVariable
+        if isinstance(v.obj, NNModuleVariable):  # `m.float` (nn_module's tree methods)
+            obj, name = v.obj, v.func.name
+            return _Rebuilt(lambda tx2: OutCall(getattr, (tx2.realize(obj).reconstruct(tx2),
+                                                          OutConst(name))))
         _refuse(exc, f"a live {v.describe()} (only grad-mode and autocast `with` blocks are "
                      "re-entered)")
     if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again

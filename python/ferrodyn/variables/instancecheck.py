@@ -62,6 +62,8 @@ def metaclass_isinstance(tx, obj: VariableTracker, classinfo) -> bool | None:
         elif is_legacy_tensor_type(cls):
             hit = isinstance(obj.example, cls) if isinstance(obj, TensorVariable) else \
                 issubclass(obj_type, cls)
+        elif getattr(type(cls), "__instancecheck__", None) in _METACLASS_CHECKS:
+            hit = _METACLASS_CHECKS[type(cls).__instancecheck__](tx, obj, cls)
         else:
             check = getattr(type(cls), "__instancecheck__", None)
             if not isinstance(check, types.FunctionType):
@@ -73,3 +75,24 @@ def metaclass_isinstance(tx, obj: VariableTracker, classinfo) -> bool | None:
         if hit:
             return True
     return False
+
+
+def _buffer_instancecheck(tx, obj: VariableTracker, cls: type) -> bool:
+    """`isinstance(obj, torch.nn.Buffer)` (`_BufferMeta.__instancecheck__`): a tensor carrying an
+    `_is_buffer` attribute (what `Buffer(t)` returns is a plain Tensor with the flag), else the
+    class hierarchy. A tensor made by the graph carries no flag; the flag of a tensor from the
+    frame is not guarded, so that case is refused."""
+    from ferrodyn.variables.tensor import TensorVariable
+    obj_type = obj.python_type()
+    if cls is getattr(torch.nn, "Buffer", None) and isinstance(obj_type, type) and \
+            issubclass(obj_type, torch.Tensor):
+        if not isinstance(obj, TensorVariable) or obj.source is not None:
+            unsupported(f"isinstance({obj.describe()}, nn.Buffer) of a tensor from the frame (its "
+                        f"_is_buffer flag is not guarded)", BreakReason.UNSUPPORTED_CALL)
+    return issubclass(obj_type, cls)
+
+
+# metaclass `__instancecheck__`s written in Python whose answer is modelled rather than inlined
+_METACLASS_CHECKS: dict = {}
+if hasattr(torch.nn, "Buffer"):
+    _METACLASS_CHECKS[type(torch.nn.Buffer).__instancecheck__] = _buffer_instancecheck

@@ -1,16 +1,23 @@
 """torch.nn modules created inside traced code (`loss_fct = nn.CrossEntropyLoss()` in a
 model's forward): which can be built at trace time, and building them.
 
-Owns `is_stateless_torch_module_class` and `construct_stateless_torch_module` (called by
-user_objects.construct_instance). Does not own calls of modules (nn_module.py) or modules
+Owns `is_stateless_torch_module_class`, `construct_stateless_torch_module` (called by
+user_objects.construct_instance) and `NewTorchModuleVariable` (such a module escaping the frame
+is built again by the entry, per call). Does not own calls of modules (nn_module.py) or modules
 from the frame (builder.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import is_constant_value
+from ferrodyn.variables.nn_module import NNModuleVariable
 
 # torch.nn's global registration hooks: they would run when a module is built at trace time
 _MODULE_REGISTRATION_HOOKS = ("_global_module_registration_hooks",
@@ -68,10 +75,9 @@ def construct_stateless_torch_module(tx, cls: type, args, kwargs) -> VariableTra
     """`nn.CrossEntropyLoss()` in traced code: built at trace time from constant arguments, as
     long as it owns no parameter or tensor buffer (they would be made at trace time, once,
     consuming the RNG) and no global registration hook would see it. The object is private to
-    the trace (no source): its calls are inlined, a mutation of it or its escape from the frame
-    (returned, stored) is refused, so no caller can tell it from the one eager code builds."""
-    import torch
-    from ferrodyn.variables.nn_module import NNModuleVariable
+    the trace (no source): its calls are inlined and a mutation of it is refused; when it escapes
+    the frame (returned, stored into a module) the entry builds it again from the same arguments
+    (`NewTorchModuleVariable`), so no caller can tell it from the one eager code builds."""
     consts = [tx.realize(a) for a in (*args, *kwargs.values())]
     if not all(c.is_python_constant() for c in consts) or \
             not all(is_constant_value(c.as_python_constant()) for c in consts):
@@ -96,4 +102,31 @@ def construct_stateless_torch_module(tx, cls: type, args, kwargs) -> VariableTra
             any(b is not None for b in module.buffers()):
         unsupported(f"creating a {cls.__name__} (it owns parameters or buffers) inside the "
                     f"traced code", BreakReason.UNSUPPORTED_CALL)
-    return NNModuleVariable(value=module)
+    return NewTorchModuleVariable(value=module, ctor=(cls, tuple(pos), tuple(kw.items())))
+
+
+def rebuild_torch_module(cls: type, args: tuple, kwargs: tuple) -> Any:
+    """`cls(*args, **dict(kwargs))` (called by generated entries: a module built in the frame
+    that escapes it, made again per call as eager makes it)."""
+    return cls(*args, **dict(kwargs))
+
+
+@dataclass(frozen=True, eq=False)
+class NewTorchModuleVariable(NNModuleVariable):
+    """A stateless torch.nn module built in the frame (`construct_stateless_torch_module`): the
+    object made at trace time is private to the trace (its forward is inlined, it is never
+    mutated: it has no Source); when it escapes (stored into a module by `add_module`,
+    `ModuleList.append`, `self.act = nn.Tanh()`, or returned) the entry builds a fresh one from
+    the same constant arguments, once per call however often it is reached, as each eager call
+    builds its own. Its construction has no effect the frame could see (no parameters, no RNG,
+    no registration hook: checked when it is built and when it is rebuilt)."""
+    ctor: tuple = ()  # (cls, positional constants, keyword constants as pairs)
+
+    def reconstruct(self, tx):
+        from ferrodyn.trace_result import OutCall, OutConst
+        cls, args, kwargs = self.ctor
+        if any(getattr(torch.nn.modules.module, h, None) for h in _MODULE_REGISTRATION_HOOKS):
+            unsupported(f"a {cls.__name__} built in the frame escaping it while global module "
+                        f"registration hooks are installed", BreakReason.UNSUPPORTED_CALL)
+        return tx.output.side_effects.shared(self.value, lambda: OutCall(
+            rebuild_torch_module, (OutConst(cls), OutConst(args), OutConst(kwargs))))

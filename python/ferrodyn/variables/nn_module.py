@@ -20,6 +20,8 @@ from ferrodyn.exc import BreakReason
 from ferrodyn.guard_spec import GuardKind
 from ferrodyn.source import DictOfSource, ItemSource
 from ferrodyn.variables.base import LazyVariable, VariableTracker, unsupported
+from ferrodyn.variables.constant import ConstantVariable
+from ferrodyn.variables.nn_module_convert import CONVERSIONS
 from ferrodyn.variables.user_objects import UserObjectVariable, _sub
 
 _FALLBACK_DICTS = ("_parameters", "_buffers", "_modules")
@@ -31,8 +33,14 @@ class NNModuleVariable(UserObjectVariable):
         return f"module {type(self.value).__name__}"
 
     def fallback_attr(self, tx, name):
+        from ferrodyn.variables.nn_module_state import pending_module_dict
         d = self.value.__dict__
         for dict_name in _FALLBACK_DICTS:
+            pending = pending_module_dict(tx, self.value, dict_name)
+            if pending is not None:  # mutated by this trace: its tracker holds the truth
+                if name in pending.state.items:
+                    return pending.state.items[name]
+                continue
             sub = d.get(dict_name)
             if sub is not None and name in sub:
                 src = _sub(self.source, lambda s: ItemSource(ItemSource(DictOfSource(s),
@@ -53,48 +61,27 @@ class NNModuleVariable(UserObjectVariable):
                         BreakReason.UNSUPPORTED_CALL)
         return super().call_function(tx, args, kwargs)
 
-    # -- mutation: nn.Module.__setattr__ / __delattr__ modelled for plain attributes -------
-    def _plain_module_attr(self, tx, name, verb: str, value=None) -> None:
-        """Refuse unless `Module.__setattr__`/`__delattr__` reduces to `object.__setattr__`/
-        `object.__delattr__` here (torch/nn/modules/module.py): the class does not override
-        them, `name` is not a parameter, buffer or submodule (their dicts' keys are guarded),
-        and the value is not a Parameter, Buffer or Module (those register themselves)."""
-        m = self.value
-        hook = "__setattr__" if verb == "set" else "__delattr__"
-        if getattr(type(m), hook) is not getattr(torch.nn.Module, hook):
-            unsupported(f"{type(m).__name__}.{hook} (a custom {hook} is not modelled)",
-                        BreakReason.SIDE_EFFECT)
-        self._plain_slot_check(tx, name)
-        src = DictOfSource(self.source)
-        for dict_name in _FALLBACK_DICTS:
-            d = m.__dict__.get(dict_name)
-            if not isinstance(d, dict):
-                unsupported(f"module {type(m).__name__} before Module.__init__",
-                            BreakReason.SIDE_EFFECT)
-            if name in d:
-                unsupported(f"assignment to {dict_name[1:-1]} {name!r} of a module",
-                            BreakReason.SIDE_EFFECT)
-            tx.output.install_guard(ItemSource(src, dict_name), GuardKind.DICT_KEYS, tuple(d))
-        if value is not None:
-            value = tx.realize(value)
-            try:
-                t = value.python_type()
-            except Exception:
-                unsupported(f"assignment of {value.describe()} to a module attribute",
-                            BreakReason.SIDE_EFFECT)
-            buffer = getattr(torch.nn, "Buffer", None)
-            if issubclass(t, (torch.nn.Parameter, torch.nn.Module)) or \
-                    (buffer is not None and isinstance(t, type) and issubclass(t, buffer)):
-                unsupported(f"assignment of a {t.__name__} to module attribute {name!r}",
-                            BreakReason.SIDE_EFFECT)
-
+    # -- mutation: nn.Module.__setattr__ / __delattr__ (nn_module_state.py) ----------------
     def setattr(self, tx, name, value):
-        self._plain_module_attr(tx, name, "set", value)
-        self.record_store(tx, name, value)
+        """A plain attribute is stored directly; anything else (a Parameter, Buffer or Module
+        value, a name in one of the module's dicts, a class's own `__setattr__`) runs that
+        `__setattr__` (torch's code, inlined), which writes into the dict trackers."""
+        from ferrodyn.variables.nn_module_state import class_hook, is_plain_store
+        if is_plain_store(tx, self, name, value):
+            self._plain_slot_check(tx, name)
+            self.record_store(tx, name, value)
+            return
+        tx.realize(class_hook(tx, self, "__setattr__")).call_function(
+            tx, [ConstantVariable(value=name), value], {})
 
     def delattr(self, tx, name):
-        self._plain_module_attr(tx, name, "del")
-        self.record_delete(tx, name)
+        from ferrodyn.variables.nn_module_state import class_hook, is_plain_store
+        if is_plain_store(tx, self, name, None):
+            self._plain_slot_check(tx, name)
+            self.record_delete(tx, name)
+            return
+        tx.realize(class_hook(tx, self, "__delattr__")).call_function(
+            tx, [ConstantVariable(value=name)], {})
 
     def _tree_method(self, tx, name):
         """The table's handler of `name` when it is `nn.Module`'s own method, unshadowed."""
@@ -120,6 +107,10 @@ class NNModuleVariable(UserObjectVariable):
     def _children(self, tx, dict_name: str) -> list[tuple[str, VariableTracker]]:
         """(name, lazy tracker) of `_modules`/`_parameters`/`_buffers`, keys guarded."""
         from ferrodyn.variables.functions import _lazy
+        from ferrodyn.variables.nn_module_state import is_none_tracker, pending_module_dict
+        pending = pending_module_dict(tx, self.value, dict_name)
+        if pending is not None:  # mutated by this trace: its tracker holds the truth
+            return [(k, v) for k, v in pending.state.items.items() if not is_none_tracker(tx, v)]
         d = self.value.__dict__[dict_name]
         src = _sub(self.source, lambda s: ItemSource(DictOfSource(s), dict_name))
         if src is not None:
@@ -134,6 +125,10 @@ class NNModuleVariable(UserObjectVariable):
         return super().getitem(tx, index)
 
     def submodules(self, tx) -> list[VariableTracker]:
+        from ferrodyn.variables.nn_module_state import pending_module_dict
+        pending = pending_module_dict(tx, self.value, "_modules")
+        if pending is not None:  # mutated by this trace: its tracker holds the truth
+            return list(pending.state.items.values())
         modules_src = _sub(self.source, lambda s: ItemSource(DictOfSource(s), "_modules"))
         mods = self.value.__dict__["_modules"]
         if modules_src is not None:
@@ -207,6 +202,7 @@ def _named_tensors(dict_name):
     def handler(tx, mod, *args, **kwargs):
         from ferrodyn.variables.constant import ConstantVariable
         from ferrodyn.variables.lists import IteratorVariable, TupleVariable
+        from ferrodyn.variables.nn_module_state import object_key
         prefix, recurse, remove_duplicate = _bind(
             tx, f"named{dict_name}", args, kwargs,
             (("prefix", ""), ("recurse", True), ("remove_duplicate", True)))
@@ -214,10 +210,10 @@ def _named_tensors(dict_name):
         out, seen = [], set()
         for path, m in mods:
             for k, v in m._children(tx, dict_name):
-                if id(v.value) in seen:
+                if object_key(tx, v) in seen:
                     continue
                 if remove_duplicate:
-                    seen.add(id(v.value))
+                    seen.add(object_key(tx, v))
                 out.append(TupleVariable(items=(ConstantVariable(value=_join(path, k)), v)))
         return IteratorVariable.over(out)
     return handler
@@ -248,13 +244,14 @@ def _named_modules(tx, mod, *args, **kwargs):
 
 
 def _named_children(tx, mod, *args, **kwargs):
+    from ferrodyn.variables.nn_module_state import object_key
     from ferrodyn.variables.constant import ConstantVariable
     from ferrodyn.variables.lists import IteratorVariable, TupleVariable
     _bind(tx, "named_children", args, kwargs, ())
     out, seen = [], set()
     for k, v in mod._children(tx, "_modules"):
-        if id(tx.realize(v).value) not in seen:
-            seen.add(id(tx.realize(v).value))
+        if object_key(tx, v) not in seen:
+            seen.add(object_key(tx, v))
             out.append(TupleVariable(items=(ConstantVariable(value=k), v)))
     return IteratorVariable.over(out)
 
@@ -268,6 +265,7 @@ _TREE_METHODS: dict[str, Callable] = {
     "modules": _values(_named_modules, ()),
     "named_children": _named_children,
     "children": _values(_named_children, ()),
+    **CONVERSIONS,  # .to() / .float() / ... as no-ops (nn_module_convert.py)
 }
 
 
