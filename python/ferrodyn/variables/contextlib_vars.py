@@ -1,12 +1,14 @@
 """`contextlib.contextmanager` context managers: the generator function's body is inlined in
 two halves, up to its `yield` on `__enter__` and from it to its end on `__exit__`, in a
-`generators.GeneratorFrame` that is suspended in between (its stack and locals kept).
+`generators.GeneratorFrame` that is suspended in between (its stack and locals kept). An
+exception reaching `__exit__` (from the `with` body through symbolic/opcodes_with.py, or passed
+explicitly) is thrown into the body at its `yield`, as CPython's contextlib does (see `exit`);
+a generator that yields twice or not at all raises RuntimeError as CPython's does.
 
 Owns `GeneratorContextManagerVariable` (what `_GeneratorContextManager(func, args, kwds)`
-makes) and its handler, and `ExitStackVariable` (`contextlib.ExitStack`, see its docstring). An exception inside the `with` body reaches `__exit__`
-(symbolic/opcodes_with.py) and is refused there (the generator would have to be thrown into); a generator that yields twice or not at all gives up as CPython
-raises RuntimeError. Does not own `with` (symbolic/opcodes_control.py) or user classes with
-`__enter__`/`__exit__` (user_objects.py, inlined as methods).
+makes) and its handler, and `ExitStackVariable` (`contextlib.ExitStack`, see its docstring).
+Does not own `with` (symbolic/opcodes_control.py) or user classes with `__enter__`/`__exit__`
+(user_objects.py, inlined as methods).
 """
 
 from __future__ import annotations
@@ -65,22 +67,86 @@ class GeneratorContextManagerVariable(VariableTracker):
         st.frame, st.stage = GeneratorFrame(tx, fn, bound), "entered"
         st.frame.check_closed_at_end(tx)  # entered and never exited: its finally is pending
         value = st.frame.resume(tx)
-        if value is None:
-            unsupported("RuntimeError: generator didn't yield", BreakReason.EXCEPTION)
+        if value is None:  # `raise RuntimeError("generator didn't yield") from None`, raised
+            # while handling the StopIteration `next()` raised (its __context__)
+            from ferrodyn.variables.exceptions import (
+                ExceptionVariable, TracedException, set_context)
+            stop = ExceptionVariable(cls=StopIteration)
+            set_context(tx, stop)
+            err = _runtime_error(tx, "generator didn't yield")
+            err.set_chain("__context__", stop)
+            err.set_chain("__cause__", None)
+            err.set_chain("__suppress_context__", True)
+            raise TracedException(err, chain=False)
         return value
 
     def exit(self, tx, args) -> VariableTracker:
+        """`_GeneratorContextManager.__exit__(typ, value, traceback)` as CPython's contextlib
+        runs it (the same code in 3.11-3.13): without an exception the body runs on to its end
+        (a second `yield`: RuntimeError, the generator closed); with one, it is thrown into the
+        body at its `yield`, and what comes out decides: the body ending swallows it (True);
+        the same exception coming back, or a RuntimeError wrapping a thrown StopIteration
+        (PEP 479), propagates (False); any other exception replaces it; a `yield` in the
+        handler is RuntimeError("generator didn't stop after throw()")."""
+        from ferrodyn.variables.exceptions import ExceptionVariable, TracedException
         st = self.state
         if st.stage != "entered":
             unsupported("a contextmanager context exited before it was entered",
                         BreakReason.EXCEPTION)
-        if any(not (tx.realize(a).is_python_constant() and
-                    tx.realize(a).as_python_constant() is None) for a in args):
-            unsupported("contextmanager exit with an exception", BreakReason.EXCEPTION)
+        if len(args) != 3:
+            unsupported(f"contextmanager __exit__ with {len(args)} arguments",
+                        BreakReason.EXCEPTION)
+        typ, value = tx.realize(args[0]), tx.realize(args[1])
         st.stage = "exited"
-        if st.frame.resume(tx) is not None:
-            unsupported("RuntimeError: generator didn't stop", BreakReason.EXCEPTION)
-        return ConstantVariable(value=False)
+        if _is_none(typ):
+            if st.frame.resume(tx) is not None:
+                self._raise_and_close(tx, "generator didn't stop")
+            return ConstantVariable(value=False)
+        if _is_none(value):  # `value = typ()`: made so that the one coming back is recognised
+            from ferrodyn.symbolic.exceptions import exception_of
+            value = exception_of(tx, typ)
+        if not isinstance(value, ExceptionVariable):
+            unsupported(f"contextmanager exit with {value.describe()}", BreakReason.EXCEPTION)
+        if st.frame.status != "suspended":
+            unsupported("contextmanager exit with an exception into a generator that is not "
+                        "suspended at its yield", BreakReason.EXCEPTION)
+        try:
+            item = st.frame.resume(tx, throw=value)
+        except TracedException as e:
+            exc = e.exc
+            if exc is value:
+                return ConstantVariable(value=False)
+            if issubclass(exc.cls, StopIteration):  # (a StopIteration cannot leave the body)
+                return ConstantVariable(value=True)
+            if issubclass(exc.cls, RuntimeError) and issubclass(value.cls, StopIteration) \
+                    and exc.get_chain("__cause__") is value:
+                return ConstantVariable(value=False)
+            raise TracedException(exc, chain=False) from None  # `raise`: as it came
+        if item is None:  # the body ended: throw() raised its StopIteration (a new one)
+            return ConstantVariable(value=True)
+        self._raise_and_close(tx, "generator didn't stop after throw()")
+
+    def _raise_and_close(self, tx, msg):
+        """`try: raise RuntimeError(msg) finally: self.gen.close()`: close() runs while the
+        RuntimeError is being handled; an exception from close() replaces it."""
+        from ferrodyn.variables.exceptions import TracedException, set_context
+        err = _runtime_error(tx, msg)
+        set_context(tx, err)
+        tx.exc_stack.append(err)
+        try:
+            self.state.frame.close(tx)
+        finally:
+            tx.exc_stack.pop()
+        raise TracedException(err, chain=False)
+
+
+def _is_none(v) -> bool:
+    return v.is_python_constant() and v.as_python_constant() is None
+
+
+def _runtime_error(tx, msg):
+    from ferrodyn.variables.exceptions import make
+    return make(tx, RuntimeError, (ConstantVariable(value=msg),), {})
 
 
 @dataclass(frozen=True, eq=False)
