@@ -212,8 +212,8 @@ def handled(tx) -> VariableTracker | None:
 def set_context(tx, exc: ExceptionVariable) -> None:
     """What a `raise` (and an exception from a builtin) does to the new exception: its
     `__context__` becomes the exception being handled, after cutting the link that would make
-    the chain a cycle (CPython's `_PyErr_SetObject`). A chain that already has a cycle is
-    refused (CPython's walk stops at a point this does not model)."""
+    the chain a cycle (CPython's `_PyErr_SetObject`, whose walk stops on a cycle already in
+    the chain)."""
     try:
         current = handled(tx)
     except Unsupported:  # the caller's exception, unknown here: reading the context refuses
@@ -229,7 +229,10 @@ def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
         return
     if not isinstance(current, ExceptionVariable):
         unsupported(f"raise while handling {current.describe()}", BreakReason.EXCEPTION)
-    o, seen = current, {id(current)}
+    # CPython's walk (Floyd's cycle detection: `slow` steps every other time): the link to
+    # `exc` is cut; a cycle that does not contain `exc` stops the walk where `o` meets `slow`
+    o = slow = current
+    toggle = False
     while True:
         ctx = o.get_chain("__context__")
         if ctx is None:
@@ -241,11 +244,12 @@ def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
         if ctx is exc:
             o.set_chain("__context__", None)
             break
-        if id(ctx) in seen:
-            unsupported("raise with a cycle in the exception context chain",
-                        BreakReason.EXCEPTION)
-        seen.add(id(ctx))
         o = ctx
+        if o is slow:
+            break
+        if toggle:
+            slow = slow.get_chain("__context__")
+        toggle = not toggle
     exc.set_chain("__context__", current)
 
 
