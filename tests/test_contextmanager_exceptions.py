@@ -276,3 +276,52 @@ def test_grad_mode_restored_by_generator_finally():
 
     assert run_both(make) == (1, 1)
     assert torch.is_grad_enabled()
+
+
+class _Suppress:
+    def __init__(self, log, cls):
+        self.log, self.cls = log, cls
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        self.log.append(("exit", et))
+        return et is not None and issubclass(et, self.cls)
+
+
+def test_exit_stack_receives_the_exception():
+    """ExitStack.__exit__ with an exception: exits run innermost first with it, one that
+    returns true suppresses it for the ones after it, callbacks run either way; suppressed
+    or propagated as eager."""
+    def make():
+        log = []
+
+        @contextlib.contextmanager
+        def gen():
+            try:
+                yield
+            except KeyError:
+                log.append("gen saw KeyError")
+                raise
+
+        def fn(t):
+            try:
+                with contextlib.ExitStack() as stack:
+                    stack.callback(log.append, "callback")
+                    stack.enter_context(_Suppress(log, IndexError))
+                    stack.enter_context(gen())
+                    t = t * 2
+                    raise KeyError("k")
+            except KeyError as e:
+                log.append(e.args)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(_Suppress(log, IndexError))
+                stack.enter_context(_Suppress(log, ValueError))
+                stack.callback(log.append, "cb2")
+                t = t + 1
+                raise ValueError("swallowed")
+            return t
+        return fn, log
+
+    assert run_both(make) == (1, 1)

@@ -187,10 +187,10 @@ class ExitStackVariable(VariableTracker):
     manager (grad mode, autocast, `contextmanager` generators, user classes with
     `__enter__`/`__exit__`) and keeps its `__exit__`; `callback`, `push` (an exit callable or a
     context manager's `__exit__`), `pop_all`, `close` and the stack's own `__enter__`/`__exit__`.
-    Exits run innermost first, as CPython's `ExitStack.__exit__` runs them. Only the normal
-    exit is modelled: an exception reaching the stack's `__exit__`, raised by a context
-    manager's `__enter__`, or raised by an exit callback (CPython then runs the remaining exits
-    with it and chains it) is refused; so is the stack escaping the frame (returned, stored),
+    Exits run innermost first, as CPython's `ExitStack.__exit__` runs them, with the exception
+    that reached the stack's `__exit__` (an exit returning true suppresses it). An exception
+    raised by a context manager's `__enter__` or by an exit callback (CPython then runs the
+    remaining exits with it and re-chains it) is refused; so is the stack escaping the frame (returned, stored),
     since its pending exits would have to live on."""
 
     state: ExitStackState = field(default_factory=ExitStackState)
@@ -215,20 +215,29 @@ class ExitStackVariable(VariableTracker):
     def call_method(self, tx, name, args, kwargs):
         return self.var_getattr(tx, name).call_function(tx, args, kwargs)
 
-    def unwind(self, tx) -> None:
-        """Run the pushed exits, innermost first, with no exception (`close()`)."""
+    def unwind(self, tx, exc_details=None) -> bool:
+        """Run the pushed exits, innermost first, as CPython's `ExitStack.__exit__` runs them:
+        each `__exit__` gets the pending exception (`exc_details`; None: none), and one that
+        returns true suppresses it (the exits after it get None). Returns whether an exception
+        was suppressed. An exit callback that raises is refused (CPython re-chains it)."""
         none = ConstantVariable(value=None)
         from ferrodyn.variables.exceptions import TracedException
+        details = list(exc_details) if exc_details is not None else [none, none, none]
+        suppressed = False
         while self.state.exits:
             entry = self.state.exits.pop()
             try:
                 if entry[0] == "exit":
-                    tx.realize(entry[1]).call_function(tx, [none, none, none], {})
+                    result = tx.realize(entry[1]).call_function(tx, list(details), {})
+                    if tx.realize(result).truth(tx):
+                        suppressed = True
+                        details = [none, none, none]
                 else:
                     _, fn, args, kwargs = entry
                     tx.realize(fn).call_function(tx, list(args), dict(kwargs))
             except TracedException as e:
                 unsupported(f"an ExitStack exit callback raised ({e})", BreakReason.EXCEPTION)
+        return suppressed
 
 
 def _enter_context(tx, stack, cm):
@@ -277,11 +286,13 @@ def _stack_enter(tx, stack):
 
 
 def _stack_exit(tx, stack, *exc):
-    if len(exc) != 3 or any(not (tx.realize(a).is_python_constant() and
-                                 tx.realize(a).as_python_constant() is None) for a in exc):
-        unsupported("ExitStack exit with an exception", BreakReason.EXCEPTION)
-    stack.unwind(tx)
-    return ConstantVariable(value=False)
+    if len(exc) != 3:
+        unsupported(f"TypeError: ExitStack.__exit__ with {len(exc)} arguments",
+                    BreakReason.EXCEPTION)
+    exc = [tx.realize(a) for a in exc]
+    received = not (exc[0].is_python_constant() and exc[0].as_python_constant() is None)
+    suppressed = stack.unwind(tx, exc if received else None)
+    return ConstantVariable(value=received and suppressed)
 
 
 _EXIT_STACK_METHODS = {
