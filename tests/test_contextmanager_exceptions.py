@@ -325,3 +325,33 @@ def test_exit_stack_receives_the_exception():
         return fn, log
 
     assert run_both(make) == (1, 1)
+
+
+def test_generator_wraps_the_exception_in_an_f_string_message():
+    """`raise RuntimeError(f"caught {exc}") from exc` in the generator: the f-string formats
+    the builtin exception (str and repr) as eager does."""
+    def make():
+        log = []
+
+        @contextlib.contextmanager
+        def woohoo():
+            try:
+                yield
+            except Exception as exc:
+                raise RuntimeError(f"caught {exc} / {exc!r}") from exc
+
+        def fn(t):
+            try:
+                with woohoo():
+                    1 / 0
+            except RuntimeError as e:
+                log.append((str(e), type(e.__cause__).__name__))
+            try:
+                with woohoo():
+                    raise KeyError("k", 2)
+            except RuntimeError as e:
+                log.append(e.args)
+            return t.sin()
+        return fn, log
+
+    assert run_both(make) == (1, 1)
