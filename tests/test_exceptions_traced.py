@@ -391,23 +391,52 @@ def exception_leaves_the_frame(x):
     raise ValueError("escaped", y.shape[0])
 
 
-def exception_returned(x):
-    return x + 1, ValueError("made")
+def raised_exception_returned(x):
+    try:
+        raise ValueError("raised", 1)
+    except ValueError as e:
+        return x + 1, e
 
 
 @pytest.mark.parametrize("fn,words", [
-    (exception_returned, "ValueError exception"),
+    (raised_exception_returned, "ValueError exception (raised"),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_refused_runs_eagerly_with_eager_result(fn, words):
     """Not modelled exactly: the frame runs eagerly (eager's values and exception), the
     refusal is named."""
     want, got, fd, tc = run_all(fn, _x())
-    if fn is exception_returned:
-        assert type(want[1]) is type(got[1]) and want[1].args == got[1].args
+    assert type(want[1]) is type(got[1]) and want[1].args == got[1].args
     ferrodyn.reset()
     reasons = ferrodyn.explain(fn)(_x()).break_reasons
     assert any(words in str(r) for r in reasons), reasons
     assert fd == 0
+
+
+def test_exception_made_in_the_frame_is_returned():
+    """A never-raised exception made in the trace is rebuilt for the caller: class, args
+    (a tensor among them), the chaining attributes the code set, and identity (returned twice,
+    one object), in one graph like torch.compile."""
+    def fn(x):
+        v = ValueError(1, x * 2)
+        v.__context__ = TypeError("ctx")
+        k = KeyError("k")
+        k.__cause__ = v
+        return x.sin(), v, k, k
+
+    fd, tc = CountingBackend(), CountingBackend()
+    want = fn(_x())
+    got = ferrodyn.compile(fn, backend=fd)(_x())
+    torch.compile(fn, backend=tc)(_x())
+    torch._dynamo.reset()
+    assert torch.equal(want[0], got[0])
+    v, k = got[1], got[2]
+    assert type(v) is ValueError and v.args[0] == 1 and torch.equal(v.args[1], want[1].args[1])
+    assert type(v.__context__) is TypeError and v.__context__.args == ("ctx",)
+    assert v.__cause__ is None and v.__suppress_context__ is False
+    assert type(k) is KeyError and k.args == ("k",) and k.__cause__ is v
+    assert k.__suppress_context__ is True and k.__context__ is None
+    assert got[3] is k and v.__traceback__ is None
+    assert fd.count == 1 and tc.count == 1
 
 
 def test_exception_leaving_frame_keeps_message():

@@ -9,8 +9,8 @@ Owns the exception object's model: `args`, the chaining attributes (`__context__
 builtin-formatted exceptions, and which exception is being handled (`handled`, what
 `sys.exc_info()` and a bare `raise` see across inlined calls and generator bodies).
 Anything else (`__traceback__`, `add_note`, attributes set by a user `__init__`) is refused.
-Exception objects made in the trace never leave it (returning one, or one live at a graph
-break, is refused: `reconstruct`), so their attributes are this module's private state.
+An exception object made in the trace leaves it (returned, live at a graph break) only if
+it was never raised: `reconstruct` rebuilds it with its args and chaining attributes.
 
 An exception no traced frame handles gives up on the frame (it is an `Unsupported`): eager
 raises it for real. Does not own the opcodes (symbolic/exceptions.py).
@@ -95,12 +95,46 @@ class ExceptionVariable(VariableTracker):
             return
         unsupported(f"setattr {name!r} on {self.describe()}", BreakReason.EXCEPTION)
 
+    def reconstruct(self, tx):
+        """A new exception made in the trace and never raised, returned or live at a graph
+        break: rebuilt as `cls(*args)` with its chaining attributes, once per entry call.
+        Refused when it was raised (eager's has a `__traceback__`), when its class is not
+        `_plain` or it holds attributes beyond args, or when its context is unknown."""
+        if self.source is not None:
+            return super().reconstruct(tx)
+        if self.raised_at or not _plain(self.cls) \
+                or any(isinstance(k, tuple) for k in self.chain):
+            unsupported(f"returning {self.describe()} (raised, or with state beyond its args)",
+                        BreakReason.UNSUPPORTED_TYPE)
+        chained = [self.get_chain(n) for n in ("__context__", "__cause__")]
+        if any(v is _UNKNOWN for v in chained):
+            unsupported(f"returning {self.describe()} whose __context__ is not known",
+                        BreakReason.EXCEPTION)
+        from ferrodyn.trace_result import OutCall, OutConst, OutTuple
+
+        def build():
+            args = OutTuple(tuple(tx.realize(a).reconstruct(tx) for a in self.args))
+            links = tuple(OutConst(None) if v is None else v.reconstruct(tx) for v in chained)
+            return OutCall(rebuild_exception, (OutConst(self.cls), args, *links,
+                                               OutConst(self.get_chain("__suppress_context__"))))
+        return tx.output.side_effects.shared(self, build)
+
     def const_value(self, tx):
         """A real instance with the same class and constant args, for `str()`/`repr()`; None
         when a Python `__str__`/`__repr__` could run or an argument is not a constant."""
         if not (_plain(self.cls) and all(a.is_python_constant() for a in self.args)):
             return None
         return self.cls(*(a.as_python_constant() for a in self.args))
+
+
+def rebuild_exception(cls, args, context, cause, suppress):
+    """An exception as `ExceptionVariable.reconstruct` describes it (what `cls(*args)` and the
+    attribute stores of the traced code made)."""
+    exc = cls(*args)
+    exc.__context__ = context
+    exc.__cause__ = cause
+    exc.__suppress_context__ = suppress
+    return exc
 
 
 def _plain(cls: type) -> bool:
