@@ -278,11 +278,11 @@ def test_one_graph_like_eager(fn):
     exc_info_inside_and_after, exc_info_seen_by_inlined_callee, bare_raise_without_exception,
     active_exception_kept_after_inner_handler,
 ], ids=lambda f: f.__name__)
-def test_context_from_outside_the_trace_is_refused(fn):
-    """The exception the compiled frame's caller handles is not known to the trace: what
-    depends on it (a raise's __context__ read, sys.exc_info(), a bare raise) runs eagerly,
-    with eager's values."""
-    run_all(fn, _x())
+def test_context_from_outside_the_trace_is_guarded(fn):
+    """What depends on the exception the compiled frame's caller handles (a raise's
+    __context__ read, sys.exc_info(), a bare raise with none in the frame) is traced with the
+    caller handling none, under a guard that says so: one graph, eager's values."""
+    check_one_graph_like_torch(fn, _x())
 
 
 class Plain:

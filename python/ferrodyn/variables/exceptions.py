@@ -18,6 +18,7 @@ raises it for real. Does not own the opcodes (symbolic/exceptions.py).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from ferrodyn.exc import BreakReason, Unsupported
@@ -25,6 +26,9 @@ from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsup
 from ferrodyn.variables.constant import ConstantVariable
 
 _NONE = ConstantVariable(value=None)
+#: whether the extension has the guard leaf `handled` relies on (an older build: refused)
+_NO_HANDLED_GUARD = hasattr(__import__("ferrodyn._C", fromlist=["_C"]).GuardBuilder,
+                            "no_handled_exception")
 _UNKNOWN = object()  # a __context__ set from outside the traced frames
 #: the chaining attributes and their value on a new exception
 _CHAIN_DEFAULTS = {"__context__": None, "__cause__": None, "__suppress_context__": False}
@@ -61,9 +65,12 @@ class ExceptionVariable(VariableTracker):
             return build_unsourced(self.cls)
         if name in _CHAIN_DEFAULTS:
             v = self.get_chain(name)
-            if v is _UNKNOWN:
-                unsupported(f"{name} of {self.describe()}: the exception being handled outside "
-                            f"the traced frames is not known", BreakReason.EXCEPTION)
+            if v is _UNKNOWN:  # the caller's handled exception when this one was raised
+                try:
+                    v = outside_handled(tx)
+                except Unsupported:
+                    unsupported(f"{name} of {self.describe()}: the exception being handled "
+                                f"outside the traced frames is not known", BreakReason.EXCEPTION)
             return v if isinstance(v, VariableTracker) else ConstantVariable(value=v)
         if name == "value" and issubclass(self.cls, StopIteration) and _plain(self.cls):
             return self.args[0] if self.args else _NONE
@@ -232,13 +239,30 @@ def raise_real(exc: BaseException, construct: str) -> None:
 def handled(tx) -> VariableTracker | None:
     """The exception being handled where `tx` runs (CPython's topmost exc_info): the innermost
     handler of this frame or, without one, of its callers (an inlined call and a generator's
-    body see their caller's)."""
+    body see their caller's); without one in the trace, the compiled frame's caller's
+    (`outside_handled`)."""
+    found, value = _handled_in_trace(tx)
+    return value if found else outside_handled(tx)
+
+
+def _handled_in_trace(tx):
     while tx is not None:
         if tx.exc_stack:
-            return tx.exc_stack[-1]
+            return True, tx.exc_stack[-1]
         tx = tx.parent
-    # none in the trace: the compiled frame's caller (or, for a resume function, the frame it
-    # continues) may be handling one that the trace does not see
+    return False, None
+
+
+def outside_handled(tx) -> None:
+    """The exception the compiled frame's caller (for a resume function: the frame it
+    continues) is handling. Tracing runs inside the frame's call, so the thread's handled
+    exception is the caller's: when there is none, the trace relies on that and guards it
+    (`sys.exception() is None`, checked before every run of the entry); one being handled is
+    not modelled (refused)."""
+    if sys.exc_info()[1] is None and _NO_HANDLED_GUARD:
+        from ferrodyn.guard_spec import GuardKind
+        tx.output.install_guard(None, GuardKind.NO_HANDLED_EXCEPTION)
+        return None
     unsupported("the exception being handled outside the traced frames is not known",
                 BreakReason.EXCEPTION)
 
@@ -248,9 +272,8 @@ def set_context(tx, exc: ExceptionVariable) -> None:
     `__context__` becomes the exception being handled, after cutting the link that would make
     the chain a cycle (CPython's `_PyErr_SetObject`, whose walk stops on a cycle already in
     the chain)."""
-    try:
-        current = handled(tx)
-    except Unsupported:  # the caller's exception, unknown here: reading the context refuses
+    found, current = _handled_in_trace(tx)
+    if not found:  # the caller's, decided when the context is read (`outside_handled`)
         exc.set_chain("__context__", _UNKNOWN)
         return
     chain_to(current, exc)
