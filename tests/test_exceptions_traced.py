@@ -4,7 +4,8 @@ by the code), `sys.exc_info()`/`sys.exception()`, bare `raise` in an inlined cal
 builtin operations on constants, AttributeError of user objects and StopIteration of `next()`,
 all in one graph. Each case is compared with eager (values, exception types) and with
 torch.compile's graph count; what is not modelled exactly (a context chain with a cycle, an
-exception leaving the frame) runs eagerly with eager's result. Cases after PyTorch's
+exception leaving the frame) runs eagerly with eager's result; context chains with a cycle
+are walked as CPython's `_PyErr_SetObject` walks them. Cases after PyTorch's
 test/dynamo/test_exceptions.py, written afresh."""
 
 import sys
@@ -277,11 +278,11 @@ def test_one_graph_like_eager(fn):
     exc_info_inside_and_after, exc_info_seen_by_inlined_callee, bare_raise_without_exception,
     active_exception_kept_after_inner_handler,
 ], ids=lambda f: f.__name__)
-def test_context_from_outside_the_trace_is_refused(fn):
-    """The exception the compiled frame's caller handles is not known to the trace: what
-    depends on it (a raise's __context__ read, sys.exc_info(), a bare raise) runs eagerly,
-    with eager's values."""
-    run_all(fn, _x())
+def test_context_from_outside_the_trace_is_guarded(fn):
+    """What depends on the exception the compiled frame's caller handles (a raise's
+    __context__ read, sys.exc_info(), a bare raise with none in the frame) is traced with the
+    caller handling none, under a guard that says so: one graph, eager's values."""
+    check_one_graph_like_torch(fn, _x())
 
 
 class Plain:
@@ -329,29 +330,113 @@ def context_chain_with_cycle(x):
     return x + 1, type(exc.__context__).__name__, exc.__context__.__context__ is exc.__context__
 
 
+def context_cycle_at_head(x):
+    A, B, C = AssertionError, BytesWarning, ConnectionError
+    try:
+        try:
+            raise A()
+        except A as _a:
+            a = _a
+            try:
+                raise B()
+            except B as _b:
+                b = _b
+                try:
+                    raise C()
+                except C as _c:
+                    c = _c
+                    a.__context__ = c
+                    raise c
+    except C as e:
+        exc = e
+    return x + 1, [exc is c, c.__context__ is b, b.__context__ is a, a.__context__ is c]
+
+
+def longer_chain_with_cycle(x):
+    A, B, C, D, E = AssertionError, BytesWarning, ConnectionError, DeprecationWarning, Exception
+    try:
+        try:
+            raise A
+        except A as _a:
+            a = _a
+            try:
+                raise B
+            except B as _b:
+                b = _b
+                try:
+                    raise C
+                except C as _c:
+                    c = _c
+                    a.__context__ = c
+                    try:
+                        raise D
+                    except D as _d:
+                        d = _d
+                        e = E()
+                        raise e
+    except E as ee:
+        exc = ee
+    return x * 2, [exc is e, e.__context__ is d, d.__context__ is c, c.__context__ is b,
+                   b.__context__ is a, a.__context__ is c]
+
+
+@pytest.mark.parametrize("fn", [context_chain_with_cycle, context_cycle_at_head,
+                                longer_chain_with_cycle], ids=lambda f: f.__name__)
+def test_context_chain_with_cycle_one_graph(fn):
+    check_one_graph_like_torch(fn, _x())
+
+
 def exception_leaves_the_frame(x):
     y = x.sin()
     raise ValueError("escaped", y.shape[0])
 
 
-def exception_returned(x):
-    return x + 1, ValueError("made")
+def raised_exception_returned(x):
+    try:
+        raise ValueError("raised", 1)
+    except ValueError as e:
+        return x + 1, e
 
 
 @pytest.mark.parametrize("fn,words", [
-    (context_chain_with_cycle, "cycle in the exception context chain"),
-    (exception_returned, "ValueError exception"),
+    (raised_exception_returned, "ValueError exception (raised"),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_refused_runs_eagerly_with_eager_result(fn, words):
     """Not modelled exactly: the frame runs eagerly (eager's values and exception), the
     refusal is named."""
     want, got, fd, tc = run_all(fn, _x())
-    if fn is exception_returned:
-        assert type(want[1]) is type(got[1]) and want[1].args == got[1].args
+    assert type(want[1]) is type(got[1]) and want[1].args == got[1].args
     ferrodyn.reset()
     reasons = ferrodyn.explain(fn)(_x()).break_reasons
     assert any(words in str(r) for r in reasons), reasons
     assert fd == 0
+
+
+def test_exception_made_in_the_frame_is_returned():
+    """A never-raised exception made in the trace is rebuilt for the caller: class, args
+    (a tensor among them), the chaining attributes the code set, and identity (returned twice,
+    one object), in one graph like torch.compile."""
+    def fn(x):
+        v = ValueError(1, x * 2)
+        v.__context__ = TypeError("ctx")
+        k = KeyError("k")
+        k.__cause__ = v
+        return x.sin(), v, k, k
+
+    fd, tc = CountingBackend(), CountingBackend()
+    want = fn(_x())
+    got = ferrodyn.compile(fn, backend=fd)(_x())
+    torch.compile(fn, backend=tc)(_x())
+    torch._dynamo.reset()
+    assert torch.equal(want[0], got[0])
+    v, k = got[1], got[2]
+    assert type(v) is ValueError and v.args[0] == 1 and torch.equal(v.args[1], want[1].args[1])
+    assert type(v.__context__) is TypeError and v.__context__.args == ("ctx",)
+    assert v.__cause__ is None and v.__suppress_context__ is False
+    assert type(k) is KeyError and k.args == ("k",) and k.__cause__ is v
+    assert k.__suppress_context__ is True and k.__context__ is None
+    assert got[3] is k and v.__traceback__ is None
+    assert fd.count == 1 and tc.count == 1
 
 
 def test_exception_leaving_frame_keeps_message():

@@ -309,6 +309,9 @@ class GuardBuilder:
         "int" (an exact Python int; `dim` ignored). Overflow and division by zero fail the
         guard. Explained in source terms: `2 <= L['x'].size()[0] (got 1)`. ValueError for a
         malformed expression or an unbound symbol."""
+    def no_handled_exception(self) -> None:
+        """A leaf that passes while no exception is being handled by the frame's caller
+        (`sys.exception() is None`)."""
     def global_state(self) -> None:
         """Torch's global state as it is now: grad mode, default dtype, deterministic
         algorithms, autocast (enabled and dtype, per device type)."""

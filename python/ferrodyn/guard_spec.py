@@ -28,6 +28,7 @@ class GuardKind(enum.Enum):
     DICTS_EMPTY = "dicts_empty"   # payload: tuple of str keys whose values must be empty
     TENSOR_MATCH = "tensor_match" # payload: the example tensor; options: dynamic_dims
     GLOBAL_STATE = "global_state" # source: None, payload: None
+    NO_HANDLED_EXCEPTION = "no_handled_exception"  # source: None: sys.exception() is None
     ALIASING = "aliasing"         # source: None, payload: (sources, identity groups,
                                   #   storage groups: (group, offset) per tensor, None otherwise)
     SHAPE = "shape_guard"         # source: None, payload: (prefix tokens, ((Source, kind, dim), ...))

@@ -113,6 +113,9 @@ def compile_guards(specs: Iterable[GuardSpec], f_globals: dict | None = None,
         if spec.kind is GuardKind.GLOBAL_STATE:
             builder.global_state()
             continue
+        if spec.kind is GuardKind.NO_HANDLED_EXCEPTION:
+            builder.no_handled_exception()
+            continue
         if spec.kind is GuardKind.ALIASING:
             sources, groups, storages = spec.payload
             builder.aliasing([node_of(s) for s in sources], list(groups), list(storages))

@@ -19,6 +19,7 @@ pub mod frame313;
 pub mod func_call;
 pub mod gil_lock;
 pub mod guard_reads;
+pub mod handled_exc;
 pub mod mapslot;
 pub mod method;
 pub mod object;

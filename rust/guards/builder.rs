@@ -429,6 +429,14 @@ impl GuardBuilder {
         Ok(())
     }
 
+    /// A leaf that passes while the frame's caller handles no exception (`sys.exception() is
+    /// None`): the trace decided what a raise chains to, or what `sys.exc_info()` and a bare
+    /// `raise` see, with none from outside.
+    fn no_handled_exception(&mut self) -> Result<()> {
+        let expr = "sys.exception() is None".to_string();
+        self.leaf(None, LeafKind::NoHandledException, expr)
+    }
+
     fn global_state(&mut self, py: Python<'_>) -> Result<()> {
         let snap = Snapshot::capture(py)?;
         let expr = snap.describe();

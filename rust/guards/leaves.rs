@@ -82,6 +82,8 @@ pub(crate) enum LeafKind {
     DictsEmpty(Box<super::dicts_empty::DictsEmpty>),
     Tensor(Box<TensorSpec>),
     GlobalState(Box<Snapshot>),
+    /// No exception is being handled by the frame's caller (`sys.exception() is None`).
+    NoHandledException,
     /// Several accessors at once (`Leaf::node` is None; the tree reads `AliasSpec::nodes`).
     Aliasing(Box<super::aliasing::AliasSpec>),
     /// A symbolic-shape expression over several nodes (the tree evaluates it: `node` is None).
@@ -113,7 +115,7 @@ impl LeafKind {
             | LeafKind::DictKeys(_)
             | LeafKind::DictLacks(_)
             | LeafKind::DictsEmpty(_) => 1,
-            LeafKind::GlobalState(_) => 2,
+            LeafKind::GlobalState(_) | LeafKind::NoHandledException => 2,
             LeafKind::Tensor(_) => 3,
             LeafKind::Aliasing(_) => 4,
             LeafKind::Shape(_) => 4,
@@ -138,6 +140,7 @@ impl Leaf {
     pub(crate) fn check(&self, py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> bool {
         match &self.kind {
             LeafKind::GlobalState(s) => s.check(py),
+            LeafKind::NoHandledException => crate::ffi::handled_exc::no_handled_exception(py),
             LeafKind::Shape(_) => false, // evaluated by the tree (GuardTree::check_shape)
             kind => match v {
                 None => false,
@@ -201,6 +204,9 @@ impl Leaf {
             LeafKind::DictsEmpty(e) => e.explain(&self.expr, v),
             LeafKind::Tensor(t) => t.explain(v, &self.source),
             LeafKind::GlobalState(s) => s.explain(py).unwrap_or_else(|| self.expr.clone()),
+            LeafKind::NoHandledException => {
+                format!("{} (the caller is handling an exception)", self.expr)
+            }
             LeafKind::Aliasing(_) => self.expr.clone(), // explained by the tree (several values)
             LeafKind::Shape(_) => self.expr.clone(), // explained by the tree (it reads the symbols)
         }
@@ -238,6 +244,7 @@ fn check_value(kind: &LeafKind, py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
         LeafKind::DictsEmpty(e) => e.check(v),
         LeafKind::Tensor(t) => t.check(v),
         LeafKind::GlobalState(s) => s.check(py),
+        LeafKind::NoHandledException => crate::ffi::handled_exc::no_handled_exception(py),
         LeafKind::Aliasing(_) => false, // checked by the tree over its several values
         LeafKind::Shape(_) => false,    // evaluated by the tree, never on one value
     }

@@ -139,10 +139,14 @@ def format_constant(tx, value, conv, spec: str | None):
     `format(v, spec)`, folded on a constant (anything else is refused; a SymInt is
     specialised under a shape guard, as torch)."""
     from ferrodyn.variables.sym_int import concrete
+    from ferrodyn.variables.exceptions import ExceptionVariable
     value = concrete(tx, value)
-    if not value.is_python_constant():
+    if isinstance(value, ExceptionVariable) and value.const_value(tx) is not None:
+        v = value.const_value(tx)  # a builtin-formatted exception with constant args
+    elif not value.is_python_constant():
         unsupported(f"f-string of {value.describe()}", BreakReason.UNSUPPORTED_TYPE)
-    v = value.as_python_constant()
+    else:
+        v = value.as_python_constant()
     if conv is not None:
         v = fold(conv, v)
     if spec is not None:

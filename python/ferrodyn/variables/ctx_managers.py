@@ -11,6 +11,7 @@ Does not own the generic `with` protocol (opcodes_control.py calls `__enter__`/`
 
 from __future__ import annotations
 
+import inspect
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,9 +110,20 @@ class GradModeVariable(CtxMethodsMixin, VariableTracker):
         unsupported(f"{self.describe()}.{name}", BreakReason.UNSUPPORTED_CALL)
 
     def call_function(self, tx, args, kwargs):
-        # torch's `__call__` wraps with functools.wraps (its attribute stores on a function
-        # made in the frame are refused deeper inside): break here, at the decorator call
-        unsupported("grad-mode context manager used as a decorator", BreakReason.UNSUPPORTED_CALL)
+        """Used as a decorator (`torch.no_grad()(fn)`, `set_grad_enabled(m)(fn)`): torch's
+        `_DecoratorContextManager.__call__` returns a wrapper that runs `fn` inside a clone of
+        this context (`set_grad_enabled.__call__` first puts back the mode its constructor
+        changed). Only a plain Python function is wrapped here (a class or a generator
+        function, wrapped differently by torch, is refused)."""
+        from ferrodyn.variables.functions import InlinableFunction
+        fn = tx.realize(args[0]) if len(args) == 1 and not kwargs else None
+        if not isinstance(fn, InlinableFunction) or fn.code().co_flags & _GEN_FLAGS:
+            unsupported("grad-mode context manager used as a decorator of "
+                        f"{fn.describe() if fn is not None else 'these arguments'}",
+                        BreakReason.UNSUPPORTED_CALL)
+        if self.eager_set:
+            set_grad_mode(tx, self.state.prev)
+        return GradWrappedFunction(mode=self.mode, fn=fn)
 
     def reconstruct(self, tx):
         """The object itself (returned, or live at a graph break): made again without running
@@ -126,6 +138,44 @@ class GradModeVariable(CtxMethodsMixin, VariableTracker):
         prev = self.state.prev
         return OutCall(rebuild_grad_ctx, (OutConst(self.python_type()), OutConst(self.mode),
                                           OutConst(bool(prev))))
+
+
+_GEN_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+@dataclass(frozen=True, eq=False)
+class GradWrappedFunction(VariableTracker):
+    """What a grad-mode context used as a decorator returns (torch's `decorate_context`):
+    calling it sets the mode, runs `fn` inlined and restores the mode it found, also when `fn`
+    raises (the exception then goes on). Its functools.wraps attributes are not modelled and
+    it does not leave the frame (no reconstruction)."""
+
+    mode: bool = False
+    fn: VariableTracker = None  # type: ignore[assignment]
+
+    def describe(self):
+        return f"function wrapped in grad mode {self.mode}"
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call_function(self, tx, args, kwargs):
+        from ferrodyn.variables.exceptions import TracedException
+        prev = torch.is_grad_enabled()
+        set_grad_mode(tx, self.mode)
+        try:
+            result = self.fn.call_function(tx, list(args), dict(kwargs))
+        except TracedException:
+            set_grad_mode(tx, prev)
+            raise
+        set_grad_mode(tx, prev)
+        return result
+
+    def var_getattr(self, tx, name):
+        unsupported(f"attribute {name!r} of a {self.describe()}", BreakReason.UNSUPPORTED_TYPE)
+
+    def reconstruct(self, tx):
+        unsupported(f"a {self.describe()} leaving the frame", BreakReason.UNSUPPORTED_TYPE)
 
 
 def rebuild_grad_ctx(cls, mode: bool, prev: bool):
@@ -242,6 +292,15 @@ def _grad_mode_arg(tx, args, kwargs, what, kw="mode") -> bool:
     return mode
 
 
+def _no_param_ctx(tx, mode, args, kwargs):
+    """`torch.no_grad()` / `enable_grad()`; with a function, `torch.no_grad(fn)` is the
+    decorator form (`_NoParamDecoratorContextManager.__new__`: `cls()(fn)`)."""
+    ctx = GradModeVariable.create(tx, mode)
+    if args or kwargs:
+        return ctx.call_function(tx, list(args), dict(kwargs))
+    return ctx
+
+
 def _set_grad_enabled(tx, args, kwargs):
     return GradModeVariable.create(tx, _grad_mode_arg(tx, args, kwargs, "torch.set_grad_enabled"),
                                    eager_set=True)
@@ -270,8 +329,8 @@ def _cuda_autocast(tx, args, kwargs):
 
 
 CTX_MANAGER_HANDLERS = {
-    torch.no_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, False),
-    torch.enable_grad: lambda tx, args, kwargs: GradModeVariable.create(tx, True),
+    torch.no_grad: lambda tx, args, kwargs: _no_param_ctx(tx, False, args, kwargs),
+    torch.enable_grad: lambda tx, args, kwargs: _no_param_ctx(tx, True, args, kwargs),
     torch.set_grad_enabled: _set_grad_enabled,
     torch._C._set_grad_enabled: _c_set_grad_enabled,
     torch.autocast: _autocast,

@@ -9,8 +9,8 @@ Owns the exception object's model: `args`, the chaining attributes (`__context__
 builtin-formatted exceptions, and which exception is being handled (`handled`, what
 `sys.exc_info()` and a bare `raise` see across inlined calls and generator bodies).
 Anything else (`__traceback__`, `add_note`, attributes set by a user `__init__`) is refused.
-Exception objects made in the trace never leave it (returning one, or one live at a graph
-break, is refused: `reconstruct`), so their attributes are this module's private state.
+An exception object made in the trace leaves it (returned, live at a graph break) only if
+it was never raised: `reconstruct` rebuilds it with its args and chaining attributes.
 
 An exception no traced frame handles gives up on the frame (it is an `Unsupported`): eager
 raises it for real. Does not own the opcodes (symbolic/exceptions.py).
@@ -18,6 +18,7 @@ raises it for real. Does not own the opcodes (symbolic/exceptions.py).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from ferrodyn.exc import BreakReason, Unsupported
@@ -25,6 +26,9 @@ from ferrodyn.variables.base import VariableTracker, raised_while_tracing, unsup
 from ferrodyn.variables.constant import ConstantVariable
 
 _NONE = ConstantVariable(value=None)
+#: whether the extension has the guard leaf `handled` relies on (an older build: refused)
+_NO_HANDLED_GUARD = hasattr(__import__("ferrodyn._C", fromlist=["_C"]).GuardBuilder,
+                            "no_handled_exception")
 _UNKNOWN = object()  # a __context__ set from outside the traced frames
 #: the chaining attributes and their value on a new exception
 _CHAIN_DEFAULTS = {"__context__": None, "__cause__": None, "__suppress_context__": False}
@@ -61,9 +65,12 @@ class ExceptionVariable(VariableTracker):
             return build_unsourced(self.cls)
         if name in _CHAIN_DEFAULTS:
             v = self.get_chain(name)
-            if v is _UNKNOWN:
-                unsupported(f"{name} of {self.describe()}: the exception being handled outside "
-                            f"the traced frames is not known", BreakReason.EXCEPTION)
+            if v is _UNKNOWN:  # the caller's handled exception when this one was raised
+                try:
+                    v = outside_handled(tx)
+                except Unsupported:
+                    unsupported(f"{name} of {self.describe()}: the exception being handled "
+                                f"outside the traced frames is not known", BreakReason.EXCEPTION)
             return v if isinstance(v, VariableTracker) else ConstantVariable(value=v)
         if name == "value" and issubclass(self.cls, StopIteration) and _plain(self.cls):
             return self.args[0] if self.args else _NONE
@@ -95,12 +102,46 @@ class ExceptionVariable(VariableTracker):
             return
         unsupported(f"setattr {name!r} on {self.describe()}", BreakReason.EXCEPTION)
 
+    def reconstruct(self, tx):
+        """A new exception made in the trace and never raised, returned or live at a graph
+        break: rebuilt as `cls(*args)` with its chaining attributes, once per entry call.
+        Refused when it was raised (eager's has a `__traceback__`), when its class is not
+        `_plain` or it holds attributes beyond args, or when its context is unknown."""
+        if self.source is not None:
+            return super().reconstruct(tx)
+        if self.raised_at or not _plain(self.cls) \
+                or any(isinstance(k, tuple) for k in self.chain):
+            unsupported(f"returning {self.describe()} (raised, or with state beyond its args)",
+                        BreakReason.UNSUPPORTED_TYPE)
+        chained = [self.get_chain(n) for n in ("__context__", "__cause__")]
+        if any(v is _UNKNOWN for v in chained):
+            unsupported(f"returning {self.describe()} whose __context__ is not known",
+                        BreakReason.EXCEPTION)
+        from ferrodyn.trace_result import OutCall, OutConst, OutTuple
+
+        def build():
+            args = OutTuple(tuple(tx.realize(a).reconstruct(tx) for a in self.args))
+            links = tuple(OutConst(None) if v is None else v.reconstruct(tx) for v in chained)
+            return OutCall(rebuild_exception, (OutConst(self.cls), args, *links,
+                                               OutConst(self.get_chain("__suppress_context__"))))
+        return tx.output.side_effects.shared(self, build)
+
     def const_value(self, tx):
         """A real instance with the same class and constant args, for `str()`/`repr()`; None
         when a Python `__str__`/`__repr__` could run or an argument is not a constant."""
         if not (_plain(self.cls) and all(a.is_python_constant() for a in self.args)):
             return None
         return self.cls(*(a.as_python_constant() for a in self.args))
+
+
+def rebuild_exception(cls, args, context, cause, suppress):
+    """An exception as `ExceptionVariable.reconstruct` describes it (what `cls(*args)` and the
+    attribute stores of the traced code made)."""
+    exc = cls(*args)
+    exc.__context__ = context
+    exc.__cause__ = cause
+    exc.__suppress_context__ = suppress
+    return exc
 
 
 def _plain(cls: type) -> bool:
@@ -198,13 +239,30 @@ def raise_real(exc: BaseException, construct: str) -> None:
 def handled(tx) -> VariableTracker | None:
     """The exception being handled where `tx` runs (CPython's topmost exc_info): the innermost
     handler of this frame or, without one, of its callers (an inlined call and a generator's
-    body see their caller's)."""
+    body see their caller's); without one in the trace, the compiled frame's caller's
+    (`outside_handled`)."""
+    found, value = _handled_in_trace(tx)
+    return value if found else outside_handled(tx)
+
+
+def _handled_in_trace(tx):
     while tx is not None:
         if tx.exc_stack:
-            return tx.exc_stack[-1]
+            return True, tx.exc_stack[-1]
         tx = tx.parent
-    # none in the trace: the compiled frame's caller (or, for a resume function, the frame it
-    # continues) may be handling one that the trace does not see
+    return False, None
+
+
+def outside_handled(tx) -> None:
+    """The exception the compiled frame's caller (for a resume function: the frame it
+    continues) is handling. Tracing runs inside the frame's call, so the thread's handled
+    exception is the caller's: when there is none, the trace relies on that and guards it
+    (`sys.exception() is None`, checked before every run of the entry); one being handled is
+    not modelled (refused)."""
+    if sys.exc_info()[1] is None and _NO_HANDLED_GUARD:
+        from ferrodyn.guard_spec import GuardKind
+        tx.output.install_guard(None, GuardKind.NO_HANDLED_EXCEPTION)
+        return None
     unsupported("the exception being handled outside the traced frames is not known",
                 BreakReason.EXCEPTION)
 
@@ -212,11 +270,10 @@ def handled(tx) -> VariableTracker | None:
 def set_context(tx, exc: ExceptionVariable) -> None:
     """What a `raise` (and an exception from a builtin) does to the new exception: its
     `__context__` becomes the exception being handled, after cutting the link that would make
-    the chain a cycle (CPython's `_PyErr_SetObject`). A chain that already has a cycle is
-    refused (CPython's walk stops at a point this does not model)."""
-    try:
-        current = handled(tx)
-    except Unsupported:  # the caller's exception, unknown here: reading the context refuses
+    the chain a cycle (CPython's `_PyErr_SetObject`, whose walk stops on a cycle already in
+    the chain)."""
+    found, current = _handled_in_trace(tx)
+    if not found:  # the caller's, decided when the context is read (`outside_handled`)
         exc.set_chain("__context__", _UNKNOWN)
         return
     chain_to(current, exc)
@@ -229,7 +286,10 @@ def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
         return
     if not isinstance(current, ExceptionVariable):
         unsupported(f"raise while handling {current.describe()}", BreakReason.EXCEPTION)
-    o, seen = current, {id(current)}
+    # CPython's walk (Floyd's cycle detection: `slow` steps every other time): the link to
+    # `exc` is cut; a cycle that does not contain `exc` stops the walk where `o` meets `slow`
+    o = slow = current
+    toggle = False
     while True:
         ctx = o.get_chain("__context__")
         if ctx is None:
@@ -241,11 +301,12 @@ def chain_to(current: VariableTracker | None, exc: ExceptionVariable) -> None:
         if ctx is exc:
             o.set_chain("__context__", None)
             break
-        if id(ctx) in seen:
-            unsupported("raise with a cycle in the exception context chain",
-                        BreakReason.EXCEPTION)
-        seen.add(id(ctx))
         o = ctx
+        if o is slow:
+            break
+        if toggle:
+            slow = slow.get_chain("__context__")
+        toggle = not toggle
     exc.set_chain("__context__", current)
 
 

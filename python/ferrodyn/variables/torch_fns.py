@@ -137,6 +137,9 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.nn.Parameter: _refuse(BreakReason.UNSUPPORTED_CALL),
     torch.set_default_dtype: _refuse(BreakReason.SIDE_EFFECT),
     torch.use_deterministic_algorithms: _refuse(BreakReason.SIDE_EFFECT),
+    # reads the profiler's global state, which no guard covers: folding it would bake a stale
+    # answer into the cache entry
+    torch.autograd._profiler_enabled: _refuse(BreakReason.UNSUPPORTED_CALL),
 }
 TORCH_HANDLERS[graph_break] = _refuse(BreakReason.GRAPH_BREAK)
 
