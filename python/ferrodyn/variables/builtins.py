@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ferrodyn.exc import BreakReason
 from ferrodyn.variables import contextlib_vars, dict_objects, functools_vars, inspect_vars
-from ferrodyn.variables import dunder_new, itertools_vars, namedtuple_vars
+from ferrodyn.variables import copy_protocol, dunder_new, itertools_vars, namedtuple_vars
 from ferrodyn.variables import exceptions
 from ferrodyn.variables import sym_int
 from ferrodyn.variables import operators as ops
@@ -542,6 +542,7 @@ BUILTIN_HANDLERS.update(contextlib_vars.HANDLERS)
 BUILTIN_HANDLERS.update(itertools_vars.HANDLERS)
 BUILTIN_HANDLERS.update(namedtuple_vars.HANDLERS)
 BUILTIN_HANDLERS.update(dunder_new.HANDLERS)
+BUILTIN_HANDLERS.update(copy_protocol.HANDLERS)
 BUILTIN_HANDLERS.update(exceptions.HANDLERS)
 for _fn in ops.BINARY_FUNCTIONS:
     BUILTIN_HANDLERS.setdefault(_fn, _operator_binary(_fn))

@@ -20,7 +20,13 @@ ferrodyn instead makes the call itself, at trace time, with the real cache:
     hits, and which object a hit returns, depends on the cache's contents, which the trace
     cannot see;
   - no mutation may be pending in the trace (the body would read state that eager code would
-    have changed first): refused otherwise;
+    have changed first): refused otherwise, unless the call provably runs no body or the body
+    reads no state the frame can change (`_runs_no_pending_reader`): a function marked
+    constant for the process (`torch._dynamo.assume_constant_result`'s
+    `_dynamo_marked_constant`, the promise transformers' install probes make under their
+    lru_cache), or a call with no arguments of a function that takes none whose cache already
+    holds an entry (`cache_info().currsize`: every successful call of such a function has the
+    one key `()`, so the call is a hit: the cached object, no body);
   - the call is the capturing run's own call (hit or miss exactly as eager, the body's effects
     once); its result must be an immutable constant, baked into the trace (a mutable cached
     object, a tensor: refused — the frame then runs eagerly, which costs the cache one more
@@ -37,6 +43,7 @@ plain function attributes (`__wrapped__`, `__name__`, ...).
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import types
 from dataclasses import dataclass, field
@@ -188,8 +195,20 @@ class LruCacheVariable(VariableTracker):
     def has_attr(self, tx, name):
         return hasattr(self.value, name)
 
+    def _runs_no_pending_reader(self, args, kwargs) -> bool:
+        """Whether the call reads no state pending mutations change (module docstring)."""
+        fn = getattr(self.value, "__wrapped__", None)
+        if getattr(fn, "_dynamo_marked_constant", False) is True:
+            return True
+        code = getattr(fn, "__code__", None)
+        if args or kwargs or type(fn) is not types.FunctionType or code is None:
+            return False
+        takes_none = code.co_argcount == 0 and code.co_kwonlyargcount == 0 and \
+            not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        return takes_none and self.value.cache_info().currsize >= 1
+
     def call_function(self, tx, args, kwargs):
-        if tx.output.side_effects.has_effects:
+        if tx.output.side_effects.has_effects and not self._runs_no_pending_reader(args, kwargs):
             unsupported(f"call of {self.describe()} while mutations are pending in the trace",
                         BreakReason.UNSUPPORTED_CALL)
         pos = [_cache_key_arg(tx, self, a) for a in args]
