@@ -58,3 +58,38 @@ def test_function_class_attribute():
     assert out[1] is types.FunctionType
     assert reasons == []
     assert fc == tc == 1
+
+
+def test_multihead_attention_eval_no_grad_one_graph():
+    # torchvision's VisionTransformer EncoderBlock: nn.MultiheadAttention asks the dispatch mode
+    # stack (activation._is_make_fx_tracing) before its fast path
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+
+    def fn(x):
+        return mha(x, x, x, need_weights=False)[0].relu()
+
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        ref = fn(x)
+        out, tout, fc, tc, reasons = _both(fn, x)
+    assert _same(out, ref)
+    assert torch.allclose(tout, ref, atol=1e-5)
+    assert reasons == []
+    assert fc == tc == 1
+
+
+def test_dispatch_mode_stack_is_a_fresh_empty_list():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    def fn(x):
+        stack = _get_current_dispatch_mode_stack()
+        stack.append(1)  # a fresh list: appending must not leak into a later call
+        return x * len(_get_current_dispatch_mode_stack()) + len(stack)
+
+    x = torch.randn(3)
+    out, tout, fc, tc, reasons = _both(fn, x)
+    ref = fn(x)
+    assert _same(out, ref) and _same(tout, ref)
+    assert reasons == []
+    assert fc == tc == 1
