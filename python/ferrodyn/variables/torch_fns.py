@@ -91,9 +91,9 @@ def _is_compiling(tx, args, kwargs):
 
 
 def _empty_dispatch_mode_stack(tx, args, kwargs):
-    """`torch.utils._python_dispatch._get_current_dispatch_mode_stack()`: the trace runs with no
-    dispatch mode pushed by user code (a frame called under one runs eagerly), so a fresh empty
-    list, as torch.compile models it (nn.MultiheadAttention asks it before its fast path)."""
+    """`torch.utils._python_dispatch._get_current_dispatch_mode_stack()`: a fresh empty list, as
+    torch.compile models it (its trace runs with the dispatch modes removed);
+    nn.MultiheadAttention asks it before its fast path."""
     if args or kwargs:
         unsupported("_get_current_dispatch_mode_stack() with arguments", BreakReason.UNSUPPORTED_CALL)
     from ferrodyn.variables.lists import ListVariable
