@@ -4,6 +4,7 @@ count compared with torch.compile's in the same test. The whole models are swept
 probe; these tests pin each cause it found.
 """
 
+import bisect
 import types
 
 import pytest
@@ -93,3 +94,79 @@ def test_dispatch_mode_stack_is_a_fresh_empty_list():
     assert _same(out, ref) and _same(tout, ref)
     assert reasons == []
     assert fc == tc == 1
+
+
+# -- a graph break inside a `for` loop over a live list (detection postprocess loops:
+#    `for boxes, scores, shape in zip(boxes_t, scores_t, image_shapes)`, transforms Compose)
+
+def _nonzero_rows(x):
+    return x[x > 0]  # data-dependent shape: a graph break
+
+
+def _zip_loop(xs, sizes):
+    out = []
+    for x, s in zip(xs, sizes):  # `sizes` is an argument: a live list at the break
+        y = _nonzero_rows(x * s)
+        out.append(y.sum() + s)
+    return out
+
+
+def _enumerate_loop(x, sizes):
+    for i, s in enumerate(sizes):
+        x = _nonzero_rows(x * s) + i
+    return x, sizes
+
+
+def _mutated_by_the_break(x, items):
+    for v in items:
+        x = x * 2 + v
+        if len(items) < 4:
+            bisect.insort(items, 10 + len(items))  # not traced: the break, run by the entry
+        x = x.sin()
+    return x, items
+
+
+def _run_loop(fn, make):
+    torch._dynamo.reset()
+    ours, theirs = CountingBackend(), CountingBackend()
+    reasons = ferrodyn.explain(fn)(*make()).break_reasons
+    ferrodyn.reset()
+    cf = ferrodyn.compile(fn, backend=ours)
+    for _ in range(2):
+        args, ref_args = make(), make()
+        out, ref = cf(*args), fn(*ref_args)
+        assert _same(out, ref) and _same(args, ref_args)
+    torch.compile(fn, backend=theirs)(*make())
+    torch._dynamo.reset()
+    return ours.count, theirs.count, reasons
+
+
+def _eager_frames(reasons):
+    return [r for r in reasons if ": graph break: " not in r]
+
+
+def test_break_in_zip_loop_over_an_argument_list():
+    torch.manual_seed(0)
+    xs = torch.randn(2, 6)
+    ours, theirs, reasons = _run_loop(_zip_loop, lambda: (xs.clone(), [2, 3]))
+    assert not _eager_frames(reasons)  # was: the resume function ran eagerly (a zip object)
+    assert ours == 3  # root; the loop body's resume entry for item 1; for the loop end
+    assert theirs == 1  # torch.compile runs the frame with the loop eagerly
+
+
+def test_break_in_enumerate_loop_over_an_argument_list():
+    torch.manual_seed(0)
+    x = torch.randn(8) + 2
+    ours, theirs, reasons = _run_loop(_enumerate_loop, lambda: (x.clone(), [1, 2, 3]))
+    assert not _eager_frames(reasons)
+    # root, then one resume entry per position (LiveRest guards the list index and the
+    # enumerate count, as torch.compile's iterator-length guard does)
+    assert ours == 4 and theirs == 2
+
+
+def test_break_in_loop_over_a_list_the_break_mutates():
+    # the live iterator sees the items the break appended
+    ours, theirs, reasons = _run_loop(_mutated_by_the_break, lambda: (torch.ones(3), [1, 2]))
+    assert not _eager_frames(reasons)
+    assert ours == 3  # root, the body's resume entry, the entry after the list grew
+    assert theirs == 0  # torch.compile runs the frame eagerly
