@@ -170,3 +170,28 @@ def test_break_in_loop_over_a_list_the_break_mutates():
     assert not _eager_frames(reasons)
     assert ours == 3  # root, the body's resume entry, the entry after the list grew
     assert theirs == 0  # torch.compile runs the frame eagerly
+
+
+class _Partition(torch.nn.Module):
+    # torchvision maxvit PartitionAttentionLayer: an assert message formatted from a tuple
+    def __init__(self):
+        super().__init__()
+        self.grid_size, self.p = (4, 6), 2
+
+    def forward(self, x):
+        torch._assert(self.grid_size[0] % self.p == 0,
+                      "grid size {} and partition size {}".format(self.grid_size, self.p))
+        return x * len("{}".format(self.grid_size))
+
+
+def test_str_format_of_a_tuple_attribute():
+    m = _Partition()
+    x = torch.randn(3)
+    out, tout, fc, tc, reasons = _both(m, x)
+    assert _same(out, m(x)) and _same(tout, m(x))
+    assert reasons == []
+    assert fc == tc == 1
+    cf = ferrodyn.compile(m, backend=CountingBackend())
+    cf(x)
+    m.grid_size = (40, 6)  # the formatted string changes: the items are guarded
+    assert _same(cf(x), m(x))
