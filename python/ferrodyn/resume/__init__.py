@@ -36,7 +36,8 @@ Owns (one module each: capture.py, code.py, emit.py, loops.py, stack_ops.py; re-
   An exception from the instruction run at the break continues in a resume function that
   starts at the frame's own handler (`try`, `with` cleanups).
 - `LoopRest` (loops.py): a `for` loop's iterator handed to a resume function, iterated lazily
-  so that a loop body's resume function reaches a steady state.
+  so that a loop body's resume function reaches a steady state; `LiveRest` (live_rest.py): one
+  over a live list (or a zip/enumerate of such), in parts the builder models.
 - `STACK_OPS` (stack_ops.py): the instructions other than calls and jumps a break can run in
   the entry (attribute reads and writes, subscripts, operators, formatting, unpacking on values
   the converter does not model): their inputs, the stack shape they leave, their emission.
@@ -54,3 +55,4 @@ from ferrodyn.resume.code import (  # noqa: F401
 )
 from ferrodyn.resume.emit import emit_break  # noqa: F401
 from ferrodyn.resume.loops import LoopRest, build_loop_rest  # noqa: F401
+from ferrodyn.resume.live_rest import LiveRest, build_live_rest  # noqa: F401

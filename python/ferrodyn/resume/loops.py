@@ -138,7 +138,15 @@ def iterator_refusal(v, lists: set) -> str | None:
 
 def rebuild_iterator(tx, v, on_stack: bool, lists: set) -> Out:
     """Out of live iterator `v` (checked by `iterator_refusal`): on the stack (a `for` loop's)
-    a LoopRest of its items when taking them is pure, else the real iterator."""
+    a LoopRest of its items when taking them is pure, else a LiveRest of its parts where they
+    are covered (live_rest.py), else the real iterator."""
+    if on_stack:
+        _, seq, pure = _parts(None, v, lists)
+        if not seq and not pure:
+            from ferrodyn.resume.live_rest import live_rest
+            live = live_rest(tx, v, lists)
+            if live is not None:
+                return live
     out, seq, pure = _parts(tx, v, lists)
     if seq:
         if isinstance(out, OutCall) and out.cls is LoopRest:

@@ -322,6 +322,7 @@ _OBJECT_MODEL_BUILDERS = {
     operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
     types.MappingProxyType: _build_mappingproxy,
     resume.LoopRest: resume.build_loop_rest,  # a for loop's iterator handed to a resume function
+    resume.LiveRest: resume.build_live_rest,  # the same, over a live list (resume/live_rest.py)
     functools._lru_cache_wrapper: _build_lru_wrapper,
     types.CellType: build_cell,  # a resume function takes the cells of the frame it continues
 }

@@ -121,6 +121,18 @@ def wrap_constant(value: Any) -> VariableTracker:
     return ConstantVariable(value=value)
 
 
+def _with_items_built(tx, v: VariableTracker) -> VariableTracker:
+    """`v` realized, a list or tuple tracker with its items built (a frame's tuple holds its
+    items unbuilt until used, so it is not a python constant before: building guards each)."""
+    from ferrodyn.variables.lists import ListVariable, TupleVariable
+    v = tx.realize(v)
+    if isinstance(v, TupleVariable):
+        return TupleVariable(items=tuple(_with_items_built(tx, i) for i in v.unpack(tx)))
+    if isinstance(v, ListVariable):
+        return ListVariable.new(_with_items_built(tx, i) for i in v.unpack(tx))
+    return v
+
+
 # Methods of constant values that mutate or do I/O: none of the constant types have any, but
 # `str.format` with non-constant arguments must not fold.
 @dataclass(frozen=True, eq=False)
@@ -134,6 +146,9 @@ class ConstantMethodVariable(VariableTracker):
         return f"method {type(self.obj).__name__}.{self.name}"
 
     def call_function(self, tx, args, kwargs):
+        if type(self.obj) is str:  # `"{}".format(self.size)`: a str method only reads them
+            args = [_with_items_built(tx, a) for a in args]
+            kwargs = {k: _with_items_built(tx, v) for k, v in kwargs.items()}
         if not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
             unsupported(f"{self.describe()} with non-constant arguments",
                         BreakReason.UNSUPPORTED_CALL)

@@ -303,6 +303,9 @@ class UserFunctionVariable(InlinableFunction):
             return ConstantVariable(value=self.fn.__code__)
         if name in _FN_OBJECT_ATTRS:
             return _lazy(getattr(self.fn, name), self._sub(name))
+        if name == "__class__":  # not assignable on a function: no guard
+            from ferrodyn.variables.builder import build_unsourced
+            return build_unsourced(type(self.fn))
         if name in self.own_dict_keys(tx):  # `__wrapped__`, attributes set by decorators
             return tx.realize(self.var_getattr(tx, "__dict__")).getitem(
                 tx, ConstantVariable(value=name))

@@ -90,6 +90,16 @@ def _is_compiling(tx, args, kwargs):
     return _c(True)
 
 
+def _empty_dispatch_mode_stack(tx, args, kwargs):
+    """`torch.utils._python_dispatch._get_current_dispatch_mode_stack()`: a fresh empty list, as
+    torch.compile models it (its trace runs with the dispatch modes removed);
+    nn.MultiheadAttention asks it before its fast path."""
+    if args or kwargs:
+        unsupported("_get_current_dispatch_mode_stack() with arguments", BreakReason.UNSUPPORTED_CALL)
+    from ferrodyn.variables.lists import ListVariable
+    return ListVariable.new([])
+
+
 def _fold(fn):
     return lambda tx, args, kwargs: _fold_consts(tx, fn, args, kwargs)
 
@@ -122,6 +132,7 @@ TORCH_HANDLERS: dict[Any, Callable] = {
     torch.compiler.is_compiling: _is_compiling,
     torch.compiler.is_dynamo_compiling: _is_compiling,
     torch._assert: _assert,
+    torch.utils._python_dispatch._get_current_dispatch_mode_stack: _empty_dispatch_mode_stack,
     torch.utils._contextlib._DecoratorContextManager.clone: _ctx_clone,
     torch.set_grad_enabled.clone: _ctx_clone,
     torch.Size: _fold(torch.Size),
