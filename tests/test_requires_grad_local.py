@@ -169,3 +169,17 @@ def test_view_of_a_made_tensor_before_and_after():
 
     ours, theirs = _run(fn, _x(3), grad=True)
     assert ours.count <= theirs.count
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_leaf_live_across_a_later_break_breaks_at_the_call(grad):
+    def fn(x):
+        z = x.detach() * 2
+        z.requires_grad_()
+        y = x + 1
+        torch._dynamo.graph_break()
+        return (z * y).sum(), z
+
+    ours, theirs = _run(fn, _x(3, grad=True), grad=grad)
+    assert ours.count == theirs.count  # not the whole frame eagerly
+    assert not _has_requires_grad_node(ours)

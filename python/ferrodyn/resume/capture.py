@@ -542,6 +542,8 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
     try:
         result = tx.output.build_result(chain[0], _Live(items=()), entry_sets_grad=True)
     except Unsupported as e:
+        if "reroute_path" in e.__dict__:  # break at the earlier call it names (trace_frame)
+            exc.__dict__["reroute_path"] = e.__dict__["reroute_path"]
         _refuse(exc, f"cannot rebuild a live value: {e.construct}")
     if isinstance(result.output, OutShared):  # materialised once, before the effects
         outs_box = [OutCall(operator.getitem, (result.output, OutConst(i)))

@@ -125,6 +125,14 @@ def trace_frame(code: types.CodeType, f_globals: dict, f_builtins: dict, args: t
             except Unsupported as again:
                 if again is not e:
                     e.__dict__.setdefault("resume_refusals", []).append(str(again))
+                # the capture up to the break is refused at an earlier call it names (a
+                # requires_grad_ leaf leaving the graph, variables/requires_grad.py): break there
+                earlier = again.__dict__.pop("reroute_path", None)
+                if earlier:
+                    try:
+                        return run(stop_at=[(t.code, index, visit) for t, index, visit in earlier])
+                    except Unsupported as third:
+                        e.__dict__.setdefault("resume_refusals", []).append(str(third))
         raise
 
 

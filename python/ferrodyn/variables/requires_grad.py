@@ -15,7 +15,9 @@ aot backends' functionalization drops the effect on graph outputs. So, as torch.
 graph where an output that requires grad depends on such a leaf (through any chain of graph
 ops): the capture raises Unsupported whose break path is the `requires_grad_` call itself, so
 the frame is traced again and the graph breaks at that call (the call then runs eagerly and
-the rest of the frame resumes with the leaf as an input). Refused outright (the graph breaks at
+the rest of the frame resumes with the leaf as an input). Found while capturing a later graph
+break (the leaf live across it), the same call is named as `reroute_path`: trace_frame breaks
+there instead. Refused outright (the graph breaks at
 the call): turning requires_grad off (eager raises for a non-leaf), a graph input or anything
 with a Source, a tensor subclass, a view of a graph input, and a call inside a higher-order op
 body or a custom Function's speculation (their graphs are not the frame's).
@@ -121,4 +123,5 @@ def check_leaks(output, outputs: list[torch.fx.Node]) -> None:
             e = Unsupported("Tensor.requires_grad_() of a tensor made in the frame that (or whose "
                             "result) leaves the graph requiring grad", BreakReason.SIDE_EFFECT)
             e.__dict__["break_path"] = list(origin[taint[n]])
+            e.__dict__["reroute_path"] = list(origin[taint[n]])  # found capturing a break
             raise e
