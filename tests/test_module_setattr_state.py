@@ -149,3 +149,32 @@ def test_frame_tensor_stored_as_buffer_is_refused():
         assert same(compiled(x), want_m(x))
         assert same(module_state(got_m), module_state(want_m))
         assert got_m.buf is x
+
+
+@pytest.mark.parametrize("how", ["object_setattr", "instance_dict"])
+def test_internal_container_replaced_past_module_setattr_is_refused(how):
+    """`object.__setattr__(self, "_buffers", ...)` / `self.__dict__["_buffers"] = ...` replace
+    the dict `nn.Module.__getattr__` reads: refused where it would be read (a graph break),
+    never read stale; values and state stay right."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("a", torch.ones(3))
+
+        def forward(self, x):
+            y = x.cos()
+            if how == "object_setattr":
+                object.__setattr__(self, "_buffers", {"a": y})
+            else:
+                self.__dict__["_buffers"] = {"a": y}
+            return x + self.a
+
+    report = ferrodyn.explain(M())(torch.randn(3))
+    assert any("_buffers" in str(r) and ("internal container" in str(r) or "replaced" in str(r))
+               for r in report.break_reasons), report.break_reasons
+    ferrodyn.reset()
+    want_m, got_m = M(), M()
+    compiled = ferrodyn.compile(got_m, backend=CountingBackend())
+    for x in (torch.randn(3), torch.randn(3)):
+        assert same(compiled(x), want_m(x))
+        assert same(module_state(got_m), module_state(want_m))

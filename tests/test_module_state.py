@@ -206,3 +206,41 @@ def test_replacing_an_internal_dict_is_refused():
     for _ in range(2):
         assert same(compiled(x), want_m(x))
         assert same(module_state(got_m), module_state(want_m))
+
+
+def test_replayed_dicts_are_seen_by_another_frames_guards():
+    """Frame `read` is compiled against the module before frame `grow` (compiled) registers a
+    buffer and a submodule through its replay: `read`'s guards on the module's dicts fail on
+    its next call, which recompiles and sees the new state (as torch.compile does)."""
+    def make():
+        m = nn.Module()
+        m.register_buffer("a", torch.ones(3))
+
+        def grow(x):
+            m.register_buffer(f"b{len(m._buffers)}", x * 2)
+            if "act" not in m._modules:
+                m.add_module("act", nn.Tanh())
+            return x
+
+        def read(x):
+            out = x + sum(m.buffers())
+            return m.act(out) if hasattr(m, "act") else out
+        return m, (grow, read)
+
+    results, counts = {}, {}
+    x = torch.randn(3)
+    for mode in ("eager", "ferrodyn", "torch"):
+        m, fns = make()
+        cb = CountingBackend()
+        if mode == "ferrodyn":
+            ferrodyn.reset()
+            fns = [ferrodyn.compile(f, backend=cb) for f in fns]
+        elif mode == "torch":
+            torch._dynamo.reset()
+            fns = [torch.compile(f, backend=cb) for f in fns]
+        grow, read = fns
+        results[mode] = [read(x), grow(x), read(x), grow(x), read(x), module_state(m)]
+        counts[mode] = cb.count
+    torch._dynamo.reset()
+    assert same(results["ferrodyn"], results["eager"])
+    assert counts["ferrodyn"] == counts["torch"]

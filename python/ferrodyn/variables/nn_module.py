@@ -83,6 +83,13 @@ class NNModuleVariable(UserObjectVariable):
         tx.realize(class_hook(tx, self, "__delattr__")).call_function(
             tx, [ConstantVariable(value=name)], {})
 
+    def record_store(self, tx, name, value):
+        """Every store or deletion of an instance attribute ends here (plain, or `object.
+        __setattr__` from a hook): one replacing an internal container is refused."""
+        from ferrodyn.variables.nn_module_state import check_internal_store
+        check_internal_store(self.value, name)
+        super().record_store(tx, name, value)
+
     def _tree_method(self, tx, name):
         """The table's handler of `name` when it is `nn.Module`'s own method, unshadowed."""
         handler = _TREE_METHODS.get(name)

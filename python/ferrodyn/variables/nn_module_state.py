@@ -43,6 +43,12 @@ def pending_module_dict(tx, m: torch.nn.Module, dict_name: str) -> VariableTrack
     if not isinstance(d, dict):
         return None
     se = tx.output.side_effects
+    as_dict = getattr(se.tracked(m.__dict__, None), "state", None)
+    if as_dict is not None and se.was_mutated(as_dict):
+        held = as_dict.items.get(dict_name)
+        if not (isinstance(held, LazyVariable) and held.value is d):
+            unsupported(f"module {type(m).__name__}'s {dict_name} replaced through its __dict__",
+                        BreakReason.SIDE_EFFECT)
     var = se.tracked(d, None)
     state = getattr(var, "state", None)
     if state is None or not se.was_mutated(state):
@@ -82,9 +88,7 @@ def is_plain_store(tx, mod, name: str, value: VariableTracker | None) -> bool:
     hook = "__setattr__" if value is not None else "__delattr__"
     if getattr(type(m), hook) is not getattr(torch.nn.Module, hook):
         return False
-    if name in _INTERNAL_CONTAINERS and name in m.__dict__:
-        unsupported(f"replacing nn.Module internal container {name!r} of a "
-                    f"{type(m).__name__}", BreakReason.SIDE_EFFECT)
+    check_internal_store(m, name)
     for dict_name in MODELLED_MODULE_DICTS:
         d = m.__dict__.get(dict_name)
         if not isinstance(d, dict):
@@ -139,3 +143,11 @@ def object_key(tx, v: Any) -> Any:
     if isinstance(value, torch.nn.Module):
         return ("id", id(value))
     return ("tracker", v.identity())
+
+
+def check_internal_store(m: torch.nn.Module, name: str) -> None:
+    """Refuse an attribute store or deletion that would replace one of the module's internal
+    containers (however reached: `Module.__setattr__`, `object.__setattr__`, a custom hook)."""
+    if name in _INTERNAL_CONTAINERS and name in m.__dict__:
+        unsupported(f"replacing nn.Module internal container {name!r} of a "
+                    f"{type(m).__name__}", BreakReason.SIDE_EFFECT)
