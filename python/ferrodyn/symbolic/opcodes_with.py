@@ -6,8 +6,9 @@ whether the cleanup code swallows it or re-raises it.
 Owns that opcode handler; the traceback argument is exceptions.py's `TracebackVariable`
 (only its identity is modelled: `tb is None` is False; any other use is refused). Every
 tracker's `__exit__` decides itself whether it accepts an exception: grad mode, autocast and
-state contexts restore their state as on a normal exit; `contextmanager` generators and
-ExitStack refuse it (contextlib_vars.py); user classes run their inlined `__exit__`. Does not
+state contexts restore their state as on a normal exit; `contextmanager` generators have it
+thrown in at their `yield` and ExitStack passes it down its exits (contextlib_vars.py); user
+classes run their inlined `__exit__`. Does not
 own raising and unwinding (exceptions.py) or entering (opcodes_control.py BEFORE_WITH).
 """
 

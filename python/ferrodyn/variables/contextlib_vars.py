@@ -107,6 +107,11 @@ class GeneratorContextManagerVariable(VariableTracker):
             value = exception_of(tx, typ)
         if not isinstance(value, ExceptionVariable):
             unsupported(f"contextmanager exit with {value.describe()}", BreakReason.EXCEPTION)
+        cls = typ.as_python_constant() if typ.is_python_constant() else None
+        if not (isinstance(cls, type) and issubclass(value.cls, cls)):
+            # 3.11's throw(typ, value) would wrap a value of another class in typ(value)
+            unsupported(f"contextmanager exit with {typ.describe()} and {value.describe()}",
+                        BreakReason.EXCEPTION)
         if st.frame.status != "suspended":
             unsupported("contextmanager exit with an exception into a generator that is not "
                         "suspended at its yield", BreakReason.EXCEPTION)
