@@ -318,12 +318,18 @@ def _build_lru_wrapper(tx, value, source):
     return build_lru_wrapper(tx, value, source)
 
 
+def _build_union_type(tx, value, source):
+    from ferrodyn.variables.typing_vars import build_union_type
+    return build_union_type(tx, value, source)
+
+
 _OBJECT_MODEL_BUILDERS = {
     operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
     types.MappingProxyType: _build_mappingproxy,
     resume.LoopRest: resume.build_loop_rest,  # a for loop's iterator handed to a resume function
     functools._lru_cache_wrapper: _build_lru_wrapper,
     types.CellType: build_cell,  # a resume function takes the cells of the frame it continues
+    types.UnionType: _build_union_type,  # `int | None`
 }
 
 
