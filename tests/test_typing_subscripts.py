@@ -101,3 +101,41 @@ def test_module_annotating_a_list_of_tensors():
     torch._dynamo.reset()
     assert torch.equal(got, want)
     assert fd.count == 1 and t.count <= fd.count, (fd.count, t.count)
+
+
+# `int | None` (a types.UnionType) read from the frame: transformers' config checks call
+# typing.get_args on a field's annotation
+OPTIONAL_INT = int | None
+FIELDS = {"scale": float | None, "n": int}
+
+
+def union_args_from_a_global(x):
+    y = x.sin()  # a graph op before the read: a break at it makes two graphs
+    args = typing.get_args(OPTIONAL_INT)
+    return y * len(args), args, OPTIONAL_INT.__args__[0] is int, type(None) in args
+
+
+def union_args_of_annotations(x):
+    y = x.cos()
+    n = sum(len(typing.get_args(tp)) for tp in FIELDS.values())
+    return y + n, FIELDS["scale"].__args__
+
+
+@pytest.mark.parametrize("fn", [union_args_from_a_global, union_args_of_annotations],
+                         ids=lambda f: f.__name__)
+def test_union_type_parts_are_constants_in_one_graph(fn):
+    check_one_graph_like_torch(fn, torch.randn(3))
+
+
+def test_union_type_from_the_frame_is_guarded_by_identity():
+    def f(x, tp):
+        return x + 1, typing.get_args(tp)
+
+    x = torch.randn(2)
+    fd = CountingBackend()
+    compiled = ferrodyn.compile(f, backend=fd)
+    opt = int | None
+    for tp in (opt, str | bytes, opt):
+        got, want = compiled(x, tp), f(x, tp)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1], (got, want)
+    assert fd.count == 2, fd.count  # one graph per union object

@@ -157,17 +157,28 @@ class Policy:
                 self.memory.ints[name] = v
 
 
+_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
+
+
 def _may_be_dynamic(source: Source) -> bool:
-    """Frame values reached by indexing only (`L['x']`, `L['xs'][0]`): module state, object
-    attributes and globals keep static shapes, as torch.compile keeps parameters and buffers."""
+    """Frame values reached from an argument other than `self` (`L['x']`, `L['xs'][0]`, the
+    attributes of an object passed in: `L['cache'].layers[0].keys`, a KV cache whose length
+    grows each decode step): module state (`self`'s attributes, anything read through
+    `_parameters`/`_buffers`/`_modules`) and globals keep static shapes, as torch.compile keeps
+    parameters, buffers and module properties."""
     s = source
+    attrs = False
     while True:
-        if isinstance(s, (AttrSource, DictOfSource, GlobalSource)) or \
-                getattr(s, "static_shapes", False):  # numpy_vars.NumpyTensorSource
+        if isinstance(s, GlobalSource) or getattr(s, "static_shapes", False):
+            return False  # (numpy_vars.NumpyTensorSource: static_shapes)
+        if isinstance(s, (AttrSource, DictOfSource)):
+            attrs = True
+        if isinstance(s, AttrSource) and s.attr in _MODULE_STATE or \
+                getattr(s, "key", None) in _MODULE_STATE and isinstance(s.base, DictOfSource):
             return False
         base = getattr(s, "base", None)
         if base is None:
-            return isinstance(s, LocalSource)
+            return isinstance(s, LocalSource) and not (attrs and s.name() == "L['self']")
         s = base
 
 

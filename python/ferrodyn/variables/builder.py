@@ -318,6 +318,11 @@ def _build_lru_wrapper(tx, value, source):
     return build_lru_wrapper(tx, value, source)
 
 
+def _build_union_type(tx, value, source):
+    from ferrodyn.variables.typing_vars import build_union_type
+    return build_union_type(tx, value, source)
+
+
 _OBJECT_MODEL_BUILDERS = {
     operator.itemgetter: _build_getter, operator.attrgetter: _build_getter,
     types.MappingProxyType: _build_mappingproxy,
@@ -325,6 +330,7 @@ _OBJECT_MODEL_BUILDERS = {
     resume.LiveRest: resume.build_live_rest,  # the same, over a live list (resume/live_rest.py)
     functools._lru_cache_wrapper: _build_lru_wrapper,
     types.CellType: build_cell,  # a resume function takes the cells of the frame it continues
+    types.UnionType: _build_union_type,  # `int | None`
 }
 
 

@@ -1,8 +1,9 @@
 """Subscripts of `typing` aliases: `List[torch.Tensor]`, `Dict[str, Optional[Tensor]]`,
 `Tuple[int, ...]` (as in `torch.jit.annotate(List[Tensor], [])`).
 
-Owns `TypingVariable` (an alias made by such a subscript while tracing) and `subscript`, which
-folds one. CPython's subscript runs typing's `__getitem__`, which only reads the alias and its
+Owns `TypingVariable` (an alias made by such a subscript while tracing, or a `types.UnionType`
+such as `int | None` read from the frame: `build_union_type`, whose `__args__` and
+`__parameters__` are constants) and `subscript`, which folds one. CPython's subscript runs typing's `__getitem__`, which only reads the alias and its
 arguments and returns an alias object (cached by typing's own lru_cache: equal arguments give
 the same object again). The fold makes that call at trace time on the real objects (the
 subscripted alias and every argument pinned by identity or value through their sources) and
@@ -53,9 +54,28 @@ class TypingVariable(VariableTracker):
     def getitem(self, tx, index):
         return subscript(tx, self, index)
 
+    def var_getattr(self, tx, name):
+        """The parts a union type fixes at creation (`(int | None).__args__`, what
+        `typing.get_args` reads): constants of the constant alias."""
+        if type(self.value) is types.UnionType and name in _UNION_PARTS:
+            from ferrodyn.variables.builder import build_unsourced
+            return build_unsourced(getattr(self.value, name))
+        return super().var_getattr(tx, name)
+
     def reconstruct(self, tx):
         from ferrodyn.trace_result import OutConst
         return OutConst(self.value)
+
+
+_UNION_PARTS = frozenset({"__args__", "__parameters__"})
+
+
+def build_union_type(tx, value, source) -> TypingVariable:
+    """A `types.UnionType` (`int | None`) read from the frame: immutable (its arguments are
+    fixed when `|` makes it), guarded by identity."""
+    from ferrodyn.guard_spec import GuardKind
+    tx.output.install_guard(source, GuardKind.ID_MATCH, value)
+    return TypingVariable(source=source, value=value)
 
 
 def _argument(tx, v: VariableTracker) -> Any:

@@ -1,0 +1,75 @@
+"""Automatic dynamic shapes for tensors held by an object passed in (a KV cache: transformers'
+`DynamicCache.layers[i].keys` grows by one position per decode step): after one recompile the
+changed dim is symbolic, so later lengths hit the cache, as torch.compile; module state
+(`self`'s tensors, parameters, buffers) keeps static shapes. Compiled vs eager (results and the
+object's mutated state), graph counts against torch.compile's in the same test."""
+
+import pytest
+import torch
+
+import ferrodyn
+from counting_backend import CountingBackend
+
+pytestmark = pytest.mark.usefixtures("fresh_ferrodyn")
+
+
+class Layer:
+    def __init__(self, keys):
+        self.keys = keys
+
+
+class Cache:
+    def __init__(self, n):
+        self.layers = [Layer(torch.zeros(2, n)) for _ in range(2)]
+
+
+def decode_step(x, cache):
+    out = x
+    for layer in cache.layers:
+        layer.keys = torch.cat([layer.keys, out[:, None]], dim=1)
+        out = out + layer.keys.sum(dim=1)
+    return out
+
+
+def _decode(f, steps=5):
+    cache = Cache(3)
+    x = torch.ones(2)
+    outs = []
+    for _ in range(steps):
+        x = f(x, cache)
+        outs.append(x)
+    return outs, [layer.keys for layer in cache.layers]
+
+
+def test_growing_cache_tensor_goes_dynamic_like_torch():
+    ours, theirs = CountingBackend(), CountingBackend()
+    want = _decode(decode_step)
+    got = _decode(ferrodyn.compile(decode_step, backend=ours))
+    torch._dynamo.reset()
+    _decode(torch.compile(decode_step, backend=theirs))
+    torch._dynamo.reset()
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        torch.testing.assert_close(a, b)
+    assert ours.count == theirs.count == 2  # static first, then the length is symbolic
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("table", torch.ones(n))
+
+    def forward(self, x):
+        return x * self.table.sum()
+
+
+def test_module_buffer_of_another_size_stays_static():
+    ours, theirs = CountingBackend(), CountingBackend()
+    f = ferrodyn.compile(lambda m, x: m(x), backend=ours)
+    g = torch.compile(lambda m, x: m(x), backend=theirs)
+    x = torch.ones(3)
+    for n in (2, 3, 4):
+        m = Scaled(n)
+        torch.testing.assert_close(f(m, x), m(x))
+        g(m, x)
+    torch._dynamo.reset()
+    assert ours.count == theirs.count == 3  # buffers keep static shapes: one graph per size
