@@ -195,3 +195,36 @@ def test_str_format_of_a_tuple_attribute():
     cf(x)
     m.grid_size = (40, 6)  # the formatted string changes: the items are guarded
     assert _same(cf(x), m(x))
+
+
+# -- a new object live twice at a break (GeneralizedRCNN.forward: `images` = ImageList(...)
+#    is a local and an argument of `self.rpn(images, features)` when the rpn breaks)
+
+class _ImageList:
+    def __init__(self, tensors, sizes):
+        self.tensors, self.sizes = tensors, sizes
+
+
+def _show(images):
+    print("images")  # noqa: T201  (a graph break)
+    images.sizes.append(9)
+    return images.tensors + len(images.sizes)
+
+
+def _object_live_twice(x):
+    images = _ImageList(x * 2, [3, 4])
+    y = _show(images)
+    for s in images.sizes:  # the list appended to after the break, through the object
+        y = y + s
+    return y + images.tensors, images, images
+
+
+def test_new_object_live_twice_across_a_break(capsys):
+    x = torch.randn(3)
+    ref = _object_live_twice(x)
+    out, tout, fc, tc, reasons = _both(_object_live_twice, x)
+    assert not _eager_frames(reasons)  # was: the frame ran eagerly ("reachable twice")
+    assert out[1] is out[2]  # one object, however often it is reached
+    assert type(out[1]) is _ImageList and out[1].sizes == ref[1].sizes == [3, 4, 9]
+    assert _same(out[0], ref[0]) and _same(out[1].tensors, ref[1].tensors)
+    assert fc == tc == 2

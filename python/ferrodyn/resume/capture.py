@@ -226,6 +226,7 @@ class _Rebuilt:
 def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
     from ferrodyn.variables.dicts import DictVariable
     from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
+    from ferrodyn.variables.user_objects import NewObjectVariable
 
     if isinstance(v, TupleVariable):
         for item in v.items:
@@ -248,6 +249,9 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
     elif isinstance(v, DictVariable):
         for item in state.items.values():
             _mutable_identities(item, seen, lists, exc)
+    elif isinstance(v, NewObjectVariable):  # a new object: what its attributes hold is live
+        for item in state.attrs.values():
+            _mutable_identities(item, seen, lists, exc)
     elif isinstance(v, IteratorVariable):
         for item in state.items[state.index:]:
             _mutable_identities(item, seen, lists, exc)
@@ -264,7 +268,8 @@ def _shared_rebuild_types() -> tuple[type, ...]:
     from ferrodyn.variables.dicts import DictVariable
     from ferrodyn.variables.lists import ListVariable
     from ferrodyn.variables.sets import SetVariable
-    return (ListVariable, DictVariable, SetVariable)
+    from ferrodyn.variables.user_objects import NewObjectVariable
+    return (ListVariable, DictVariable, SetVariable, NewObjectVariable)
 
 
 _SHARED_REBUILD: tuple[type, ...] = ()
