@@ -228,3 +228,47 @@ def test_new_object_live_twice_across_a_break(capsys):
     assert type(out[1]) is _ImageList and out[1].sizes == ref[1].sizes == [3, 4, 9]
     assert _same(out[0], ref[0]) and _same(out[1].tensors, ref[1].tensors)
     assert fc == tc == 2
+
+
+# -- `xs.append(call())` where the call breaks (RetinaNet.compute_loss:
+#    `matched_idxs.append(self.proposal_matcher(...))`): the bound method is on the stack
+
+def _where(x):
+    return torch.where(x > 0)[0]  # data-dependent shape: a graph break
+
+
+def _append_new_list(xs):
+    out = []
+    for x in xs:
+        out.append(_where(x * 2))
+    return out
+
+
+def _append_argument_list(x, out):
+    out.append(_where(x))
+    out.append(x + 1)
+    return out
+
+
+def test_list_append_of_a_breaking_call_new_list():
+    xs = [torch.randn(5), torch.randn(6)]
+    out, tout, fc, tc, reasons = _both(_append_new_list, xs)
+    assert _same(out, _append_new_list(xs))
+    assert not _eager_frames(reasons)  # was: refused, "a live bound method append"
+    assert fc == tc == 2
+
+
+def test_list_append_of_a_breaking_call_argument_list():
+    x = torch.randn(5)
+    ref_list, out_list = [1], [1]
+    ref = _append_argument_list(x, ref_list)
+    torch._dynamo.reset()
+    tb = CountingBackend()
+    torch.compile(_append_argument_list, backend=tb)(x, [1])
+    reasons = ferrodyn.explain(_append_argument_list)(x, [1]).break_reasons
+    ferrodyn.reset()
+    fb = CountingBackend()
+    out = ferrodyn.compile(_append_argument_list, backend=fb)(x, out_list)
+    assert out is out_list and _same(out, ref)  # appended to the caller's list, in order
+    assert not _eager_frames(reasons)
+    assert fb.count == tb.count == 2
