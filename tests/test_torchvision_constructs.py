@@ -272,3 +272,30 @@ def test_list_append_of_a_breaking_call_argument_list():
     assert out is out_list and _same(out, ref)  # appended to the caller's list, in order
     assert not _eager_frames(reasons)
     assert fb.count == tb.count == 2
+
+
+def _appended_after_the_break(x, items):
+    for v in items:
+        x = x * 2 + v
+        if v == 1:
+            torch._dynamo.graph_break()
+        if len(items) < 3:
+            items.append(len(items) + 10)  # through the local: the LiveRest's list is this one
+    return x, items
+
+
+def _zip_appended_after_the_break(x, items):
+    for v, w in zip(items, items):
+        x = x * 2 + v - w
+        if v == 1:
+            torch._dynamo.graph_break()
+        if len(items) < 3:
+            items.append(len(items) + 10)
+    return x, items
+
+
+@pytest.mark.parametrize("fn", [_appended_after_the_break, _zip_appended_after_the_break])
+def test_break_in_loop_over_a_list_the_resumed_trace_appends_to(fn):
+    ours, theirs, reasons = _run_loop(fn, lambda: (torch.ones(2), [1]))
+    assert not _eager_frames(reasons)
+    assert ours == 2 and theirs == 0  # torch.compile runs the frame eagerly
