@@ -192,6 +192,8 @@ def _rebuild_value(tx, v, exc: Unsupported):
     from ferrodyn.variables.ctx_managers import AutocastVariable, GradModeVariable
     from ferrodyn.variables.functions import BoundMethodVariable, MethodOf
     from ferrodyn.variables.tensor import TensorMethodVariable
+    global _CONTAINERS
+    _CONTAINERS = _CONTAINERS or _containers()
 
     if isinstance(v, BoundMethodVariable) and isinstance(v.func, MethodOf):
         if v.func.name == "__exit__" and isinstance(v.obj, GradModeVariable):
@@ -208,6 +210,10 @@ def _rebuild_value(tx, v, exc: Unsupported):
             obj, name = v.obj, v.func.name
             return _Rebuilt(lambda tx2: OutCall(getattr, (tx2.realize(obj).reconstruct(tx2),
                                                           OutConst(name))))
+        if isinstance(v.obj, _CONTAINERS) and not v.func.name.startswith("__"):
+            obj, name = v.obj, v.func.name  # `xs.append` pushed before a breaking call
+            return _Rebuilt(lambda tx2: OutCall(getattr, (obj.reconstruct(tx2), OutConst(name))),
+                            parts=(obj,))
         _refuse(exc, f"a live {v.describe()} (only grad-mode and autocast `with` blocks are "
                      "re-entered)")
     if isinstance(v, BoundMethodVariable):  # obj.method of a user function: MethodType again
@@ -222,15 +228,24 @@ def _rebuild_value(tx, v, exc: Unsupported):
 
 
 class _Rebuilt:
-    """A value rebuilt by `make(tx) -> Out` (stands in for a tracker in `_reconstruct`)."""
+    """A value rebuilt by `make(tx) -> Out` (stands in for a tracker in `_reconstruct`);
+    `parts`: the mutable trackers it holds (live too: walked by `_mutable_identities`)."""
 
-    def __init__(self, make):
-        self.make = make
+    def __init__(self, make, parts: tuple = ()):
+        self.make, self.parts = make, parts
+
+
+def _containers() -> tuple[type, ...]:
+    from ferrodyn.variables.dicts import DictVariable
+    from ferrodyn.variables.lists import ListVariable
+    from ferrodyn.variables.sets import SetVariable
+    return (ListVariable, DictVariable, SetVariable)
 
 
 def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
     from ferrodyn.variables.dicts import DictVariable
     from ferrodyn.variables.lists import IteratorVariable, ListVariable, TupleVariable
+    from ferrodyn.variables.user_objects import NewObjectVariable
 
     if isinstance(v, TupleVariable):
         for item in v.items:
@@ -253,6 +268,9 @@ def _mutable_identities(v, seen: dict, lists: set, exc: Unsupported) -> None:
     elif isinstance(v, DictVariable):
         for item in state.items.values():
             _mutable_identities(item, seen, lists, exc)
+    elif isinstance(v, NewObjectVariable):  # a new object: what its attributes hold is live
+        for item in state.attrs.values():
+            _mutable_identities(item, seen, lists, exc)
     elif isinstance(v, IteratorVariable):
         for item in state.items[state.index:]:
             _mutable_identities(item, seen, lists, exc)
@@ -269,10 +287,12 @@ def _shared_rebuild_types() -> tuple[type, ...]:
     from ferrodyn.variables.dicts import DictVariable
     from ferrodyn.variables.lists import ListVariable
     from ferrodyn.variables.sets import SetVariable
-    return (ListVariable, DictVariable, SetVariable)
+    from ferrodyn.variables.user_objects import NewObjectVariable
+    return (ListVariable, DictVariable, SetVariable, NewObjectVariable)
 
 
 _SHARED_REBUILD: tuple[type, ...] = ()
+_CONTAINERS: tuple[type, ...] = ()
 
 
 def _check_iterator(v, lists: set, exc: Unsupported) -> None:
@@ -519,8 +539,9 @@ def capture_break(tx, exc: Unsupported, autocast_at_entry: tuple,
     lists: set = set()
     for lv in levels:
         for v in [*lv.stack, *lv.locals]:
-            if v is not None and not isinstance(v, (_Rebuilt, NullVariable)):
-                _mutable_identities(v, seen, lists, exc)
+            for p in (v.parts if isinstance(v, _Rebuilt) else (v,)):
+                if p is not None and not isinstance(p, NullVariable):
+                    _mutable_identities(p, seen, lists, exc)
     for v in _cell_contents(levels):  # new cells are rebuilt with their contents
         _mutable_identities(v, seen, lists, exc)
     for v in seen.values():

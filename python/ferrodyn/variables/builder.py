@@ -213,6 +213,14 @@ def _build(tx, value: Any, source: Source) -> VariableTracker:
                                                      value=value.__func__),
                                    obj=LazyVariable(source=AttrSource(source, "__self__"),
                                                     value=value.__self__))
+    if t is types.BuiltinMethodType and type(value.__self__) in (list, dict, set) \
+            and not value.__name__.startswith("__"):  # `xs.append` handed to a resume function
+        from ferrodyn.variables.functions import MethodOf
+        _guard(tx, source, GuardKind.TYPE_MATCH, t)
+        _guard(tx, AttrSource(source, "__name__"), GuardKind.EQUALS, value.__name__)
+        return BoundMethodVariable(source=source, func=MethodOf(name=value.__name__),
+                                   obj=tx.realize(LazyVariable(source=AttrSource(source, "__self__"),
+                                                               value=value.__self__)))
     if t is functools.partial:
         from ferrodyn.variables.functions import PartialVariable
         _guard(tx, source, GuardKind.TYPE_MATCH, t)
