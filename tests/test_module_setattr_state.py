@@ -178,3 +178,17 @@ def test_internal_container_replaced_past_module_setattr_is_refused(how):
     for x in (torch.randn(3), torch.randn(3)):
         assert same(compiled(x), want_m(x))
         assert same(module_state(got_m), module_state(want_m))
+
+
+def test_module_registered_into_itself():
+    """`m.child = m` registers the module in its own `_modules` (a cycle eager allows):
+    replayed, named_modules deduplicates it."""
+    def make():
+        m = nn.Linear(2, 2)
+
+        def fn(x):
+            if "child" not in m._modules:
+                m.child = m
+            return m(x), [k for k, _ in m.named_modules()]
+        return m, fn
+    three_ways(make, (torch.randn(2),), check=lambda m, r: m.child is m)

@@ -74,8 +74,8 @@ def sets_slot_on_input(x, o):
     return x
 
 
-def assigns_parameter_to_module(x, m):
-    m.child = m  # LINE (a Module registers itself in _modules: not modelled)
+def replaces_module_internals(x, m):
+    m._modules = {}  # LINE (a container nn.Module lookups read, replaced: not modelled)
     return x
 
 
@@ -128,8 +128,8 @@ CASES = [
      sets_attr_with_custom_setattr),
     (sets_slot_on_input, (torch.randn(3), Slotted()), BreakReason.SIDE_EFFECT,
      sets_slot_on_input),
-    (assigns_parameter_to_module, (torch.randn(3), torch.nn.Linear(1, 1)),
-     BreakReason.SIDE_EFFECT, assigns_parameter_to_module),
+    (replaces_module_internals, (torch.randn(3), torch.nn.Linear(1, 1)),
+     BreakReason.SIDE_EFFECT, replaces_module_internals),
     (extends_input_set, (torch.randn(3), {3}), BreakReason.SIDE_EFFECT, extends_input_set),
     (outer_calls_inner, (torch.randn(3),), BreakReason.DATA_DEPENDENT, inner),
     (nonzero, (torch.randn(3),), BreakReason.DATA_DEPENDENT, nonzero),
