@@ -73,3 +73,27 @@ def test_module_buffer_of_another_size_stays_static():
         g(m, x)
     torch._dynamo.reset()
     assert ours.count == theirs.count == 3  # buffers keep static shapes: one graph per size
+
+
+class Window:
+    def __init__(self):
+        self.seen = 4  # a position counter kept on the object (transformers' cumulative_length_int)
+
+
+def counted_step(x, state):
+    state.seen += 1
+    return x * state.seen
+
+
+def test_int_counter_on_an_object_goes_dynamic_like_torch():
+    ours, theirs = CountingBackend(), CountingBackend()
+    runs = {}
+    for name, f in (("eager", counted_step), ("ferrodyn", ferrodyn.compile(counted_step, backend=ours)),
+                    ("torch", torch.compile(counted_step, backend=theirs))):
+        w = Window()
+        runs[name] = ([f(torch.ones(2), w) for _ in range(5)], w.seen)
+    torch._dynamo.reset()
+    for a, b in zip(runs["ferrodyn"][0], runs["eager"][0]):
+        torch.testing.assert_close(a, b)
+    assert runs["ferrodyn"][1] == runs["eager"][1] == 9
+    assert ours.count <= theirs.count and ours.count == 2  # then the counter is a SymInt

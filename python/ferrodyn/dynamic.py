@@ -126,8 +126,8 @@ class Policy:
 
     # -- ints ----------------------------------------------------------------------------
     def int_is_dynamic(self, source: Source, value: int) -> bool:
-        if not (isinstance(source, LocalSource) or _loop_item(source) or _cell_int(source)) \
-                or self.mode is False:
+        if not (isinstance(source, LocalSource) or _loop_item(source) or _cell_int(source) or
+                _object_attr(source)) or self.mode is False:
             return False
         name = source.name()
         if self.mode is True:
@@ -155,6 +155,17 @@ class Policy:
         for name, v in self._seen_ints.items():
             if self.memory.ints.get(name, 0) is not None or name not in self.memory.ints:
                 self.memory.ints[name] = v
+
+
+def _object_attr(source: Source) -> bool:
+    """An attribute of an object passed in (not `self`'s, not module state: `_may_be_dynamic`),
+    such as a cache layer's `cumulative_length_int`: an int like a local, so a counter kept on
+    the object does not compile once per value."""
+    s, attrs = source, False
+    while s is not None:
+        attrs |= isinstance(s, (AttrSource, DictOfSource))
+        s = getattr(s, "base", None)
+    return attrs and _may_be_dynamic(source)
 
 
 _MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
