@@ -1,11 +1,13 @@
 """Python modules as values: `PythonModuleVariable` owns attribute reads of a module (`math`,
 `torch`, a config module): attributes of torch modules are not guarded (torch is not patched
-between calls) except mutable config scalars; others are guarded like any global. Does not own
+between calls) except mutable config scalars and plain objects holding state (`PRINT_OPTS`);
+others are guarded like any global. Does not own
 globals of the frame (symbolic/opcodes_load_store.py).
 """
 
 from __future__ import annotations
 
+import enum
 import types
 from dataclasses import dataclass
 
@@ -46,7 +48,7 @@ class PythonModuleVariable(VariableTracker):
             return flags
         if (modname == "torch" or modname.startswith("torch.")) and \
                 not isinstance(value, torch.Tensor) and \
-                not _is_mutable_config(value):
+                not _is_mutable_config(value) and not _is_mutable_instance(value):
             if isinstance(value, types.ModuleType) and self.source is not None:
                 # a submodule keeps its Source (not guarded itself) so that its mutable config
                 # scalars (`torch.backends.cudnn.enabled`) are guarded where they are read
@@ -66,6 +68,13 @@ class PythonModuleVariable(VariableTracker):
 
 def _is_mutable_config(value) -> bool:
     return isinstance(value, (bool, int, float, str)) and not isinstance(value, type)
+
+
+def _is_mutable_instance(value) -> bool:
+    """A plain object whose attributes torch's setters change (`torch._tensor_str.PRINT_OPTS`):
+    read through its Source, so what the trace reads of it is guarded like any global's."""
+    return isinstance(getattr(value, "__dict__", None), dict) and not callable(value) and \
+        not isinstance(value, (type, types.ModuleType, enum.Enum))
 
 
 def _torch_flags_object(tx, source, name, value):

@@ -26,6 +26,7 @@ from ferrodyn import symbolic_shapes
 from ferrodyn.exc import BreakReason, Unsupported
 from ferrodyn.variables.base import VariableTracker, unsupported
 from ferrodyn.variables.constant import ConstantVariable, is_constant_value
+from ferrodyn.variables.torch_const_calls import folds_without_inputs
 
 # Tensor attributes that are metadata: with static shapes they are constants of the trace,
 # guarded by the tensor's TENSOR_MATCH guard.
@@ -349,6 +350,11 @@ def record_op(tx, kind: str, target: Any, args, kwargs) -> VariableTracker:
         unsupported(f"{name} raised {type(e).__name__}: {e}", BreakReason.EXCEPTION)
     if out_shapes is not None:
         _check_out_tensors(name, ek["out"], out_shapes)
+    if example is not None and kind == "call_function" and is_constant_value(example) and \
+            not _contains_tensor([ea, list(ek.values())]) and \
+            not _contains_symbolic([ea, list(ek.values())]) and not folds_without_inputs(target):
+        unsupported(f"{name}: a constant result of a torch callable no traced value reaches "
+                    f"(it may read process state no guard checks)", BreakReason.UNSUPPORTED_CALL)
     node = tx.output.create_node(kind, target, tuple(pa), pk)
     if _is_inplace(kind, target) or "out" in ek or ek.get("inplace") is True:
         tx.output.mutation_epoch += 1
