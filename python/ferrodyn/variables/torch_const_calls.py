@@ -62,7 +62,14 @@ _GUARDED = (
     "torch.is_autocast_cpu_enabled", "torch.get_autocast_dtype", "torch.get_autocast_gpu_dtype",
     "torch.get_autocast_cpu_dtype", "torch._C._is_any_autocast_enabled",
 )
-_FOLDABLE = frozenset(_existing(*_PURE, *_PROCESS, *_GUARDED))
+# Constant while ferrodyn traces (it never runs under torch.export's trace).
+_TRACE_CONSTANT = ("torch.compiler.is_exporting",)
+# Known gap: state no guard checks yet, folded as before because real model code reads it on
+# every call (nn.MultiheadAttention: the fast-path switch, which picks between two kernels of
+# the same function; torch-function dispatch enabled, which the traced `with` blocks of
+# state_ctx.py model inside the frame but which no guard checks at the entry).
+_UNGUARDED = ("torch.backends.mha.get_fastpath_enabled", "torch._C._is_torch_function_enabled")
+_FOLDABLE = frozenset(_existing(*_PURE, *_PROCESS, *_GUARDED, *_TRACE_CONSTANT, *_UNGUARDED))
 
 
 def folds_without_inputs(target: Any) -> bool:
